@@ -1,0 +1,295 @@
+"""The fabric: pods, ToRs, servers, pod uplink ports and the OXCs they plug into.
+
+Pure values only. This module must not import anything that does I/O
+(no FastAPI, SQLAlchemy, Redis, pydantic); the store and the CLI read cluster
+files and turn them into these values with `cluster_from_dict`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+GPUS_PER_SERVER = 8
+NIC_GBPS = 400.0
+
+
+@dataclass(frozen=True, slots=True)
+class Server:
+    """The smallest schedulable unit: one host with its GPUs (TP stays inside it)."""
+
+    id: str
+    tor_id: str
+    pod_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Tor:
+    """A leaf switch, the servers under it, and its in-network aggregation capacity."""
+
+    id: str
+    pod_id: str
+    servers: tuple[Server, ...]
+    aggregator_gbps: float
+
+
+@dataclass(frozen=True, slots=True)
+class Pod:
+    """ToRs behind a non-blocking electrical Clos, with uplink ports into the OXC layer."""
+
+    id: str
+    tors: tuple[Tor, ...]
+    uplink_ports: int
+
+    @property
+    def servers(self) -> tuple[Server, ...]:
+        return tuple(s for t in self.tors for s in t.servers)
+
+
+@dataclass(frozen=True, slots=True)
+class Oxc:
+    """An optical cross-connect switch: `ports` ports, some of them wired to pods."""
+
+    id: str
+    ports: int
+    reconfig_ms: float
+    pod_ports: Mapping[str, tuple[int, ...]]
+
+    def pod_of_port(self, port: int) -> str | None:
+        """The pod whose uplink is wired to `port`, or None for an unwired port."""
+        for pod_id, ports in self.pod_ports.items():
+            if port in ports:
+                return pod_id
+        return None
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """The whole fabric. Immutable; free/used state lives in `Occupancy`, not here."""
+
+    name: str
+    gpus_per_server: int
+    nic_gbps: float
+    pods: tuple[Pod, ...]
+    oxcs: tuple[Oxc, ...]
+    _index: dict[str, Server] = field(default_factory=dict, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        index: dict[str, Server] = {}
+        for pod in self.pods:
+            for tor in pod.tors:
+                for server in tor.servers:
+                    if server.id in index:
+                        raise ValueError(f"duplicate server id {server.id}")
+                    index[server.id] = server
+        object.__setattr__(self, "_index", index)
+
+    def server(self, server_id: str) -> Server:
+        return self._index[server_id]
+
+    def has_server(self, server_id: str) -> bool:
+        return server_id in self._index
+
+    @property
+    def server_count(self) -> int:
+        return len(self._index)
+
+    @property
+    def gpu_count(self) -> int:
+        return self.server_count * self.gpus_per_server
+
+    @cached_property
+    def server_ids(self) -> tuple[str, ...]:
+        """Every server id in fabric order (pod, then ToR, then server)."""
+        return tuple(s.id for p in self.pods for t in p.tors for s in t.servers)
+
+    @cached_property
+    def tors_by_id(self) -> dict[str, Tor]:
+        return {t.id: t for p in self.pods for t in p.tors}
+
+    @cached_property
+    def pods_by_id(self) -> dict[str, Pod]:
+        return {p.id: p for p in self.pods}
+
+    @property
+    def server_gbps(self) -> float:
+        """Bandwidth of one server into its ToR: one NIC per GPU."""
+        return self.gpus_per_server * self.nic_gbps
+
+    @property
+    def reconfig_ms(self) -> float:
+        """The slowest OXC's reconfiguration latency (a plan change waits for all)."""
+        return max((o.reconfig_ms for o in self.oxcs), default=0.0)
+
+
+def build_cluster(
+    name: str,
+    *,
+    pods: int,
+    tors_per_pod: int,
+    servers_per_tor: int,
+    uplink_ports_per_pod: int,
+    oxcs: int,
+    oxc_ports: int,
+    reconfig_ms: float = 25.0,
+    aggregator_gbps: float = 800.0,
+    gpus_per_server: int = GPUS_PER_SERVER,
+    nic_gbps: float = NIC_GBPS,
+) -> Cluster:
+    """A regular fabric: every pod's uplinks spread evenly over the OXCs.
+
+    Pod p's k-th port on an OXC is port p*ports_per_oxc + k there, so every OXC
+    sees every pod (any pod pair can get a circuit on any OXC).
+    """
+    if uplink_ports_per_pod % oxcs:
+        raise ValueError("uplink ports per pod must divide evenly over the OXCs")
+    per_oxc = uplink_ports_per_pod // oxcs
+    if per_oxc * pods > oxc_ports:
+        raise ValueError(f"{pods} pods x {per_oxc} ports exceed an OXC's {oxc_ports} ports")
+    pod_values = []
+    for p in range(pods):
+        pod_id = f"pod-{p}"
+        tors = []
+        for t in range(tors_per_pod):
+            tor_id = f"{pod_id}/tor-{t}"
+            servers = tuple(
+                Server(f"{tor_id}/srv-{s}", tor_id, pod_id) for s in range(servers_per_tor)
+            )
+            tors.append(Tor(tor_id, pod_id, servers, aggregator_gbps))
+        pod_values.append(Pod(pod_id, tuple(tors), uplink_ports_per_pod))
+    oxc_values = tuple(
+        Oxc(
+            f"oxc-{o}",
+            oxc_ports,
+            reconfig_ms,
+            {f"pod-{p}": tuple(range(p * per_oxc, (p + 1) * per_oxc)) for p in range(pods)},
+        )
+        for o in range(oxcs)
+    )
+    return Cluster(name, gpus_per_server, nic_gbps, tuple(pod_values), oxc_values)
+
+
+def preset(name: str, *, reconfig_ms: float | None = None) -> Cluster:
+    """The clusters the service ships.
+
+    `small`: 4 pods x 2 ToRs x 4 servers (32 servers, 256 GPUs), 16 uplinks per
+    pod over 2 OXCs of 64 ports. For tests and demos.
+
+    `seed-15k`: the design notes' scale, 1,875 servers, 15,000 GPUs, 400 Gb/s
+    NICs. 25 pods of 75 servers (600 GPUs), each pod 5 ToRs of 15 servers
+    (120 x 400G server ports: a 51.2 Tb/s, 128 x 400G leaf). Each pod has 192
+    x 400G uplinks into the optical layer (76.8 Tb/s, 3.1:1 below the pod's
+    240 Tb/s of NICs: inter-pod traffic is DP/PP, TP and EP stay inside), spread
+    12 per OXC over 16 OXCs of 320 ports (a Polatis Series 7000-class
+    384-port MEMS switch holds 25 x 12 = 300 used ports). ToR aggregators
+    take 3.2 Tb/s of INC input (a SHARP-class switch aggregates at a
+    fraction of line rate).
+    """
+    presets = {
+        "small": dict(
+            pods=4, tors_per_pod=2, servers_per_tor=4, uplink_ports_per_pod=16,
+            oxcs=2, oxc_ports=64, aggregator_gbps=800.0,
+        ),
+        "seed-15k": dict(
+            pods=25, tors_per_pod=5, servers_per_tor=15, uplink_ports_per_pod=192,
+            oxcs=16, oxc_ports=320, aggregator_gbps=3200.0,
+        ),
+    }
+    if name not in presets:
+        raise KeyError(f"unknown cluster preset {name!r}; known: {', '.join(presets)}")
+    kwargs: dict[str, Any] = dict(presets[name])
+    if reconfig_ms is not None:
+        kwargs["reconfig_ms"] = reconfig_ms
+    return build_cluster(name, **kwargs)
+
+
+PRESETS = ("small", "seed-15k")
+
+
+def cluster_from_dict(data: Mapping[str, Any], name: str = "custom") -> Cluster:
+    """Build a cluster from the shape of `GET /v1/cluster` (free flags are ignored).
+
+    Raises ValueError with a readable reason when the description is inconsistent.
+    """
+    try:
+        gpus = int(data.get("gpus_per_server", GPUS_PER_SERVER))
+        nic = float(data.get("nic_gbps", NIC_GBPS))
+        pods = []
+        for p in data["pods"]:
+            pod_id = str(p["id"])
+            tors = []
+            for t in p["tors"]:
+                tor_id = str(t["id"])
+                servers = tuple(Server(str(s["id"]), tor_id, pod_id) for s in t["servers"])
+                tors.append(Tor(tor_id, pod_id, servers, float(t.get("aggregator_gbps", 0.0))))
+            pods.append(Pod(pod_id, tuple(tors), int(p.get("uplink_ports", 0))))
+        oxcs = tuple(
+            Oxc(
+                str(o["id"]),
+                int(o["ports"]),
+                float(o.get("reconfig_ms", 25.0)),
+                {str(k): tuple(int(x) for x in v) for k, v in o.get("pod_ports", {}).items()},
+            )
+            for o in data.get("oxcs", [])
+        )
+    except (KeyError, TypeError) as exc:
+        raise ValueError(f"cluster description is missing or mistypes a field: {exc}") from exc
+    if gpus <= 0 or nic <= 0:
+        raise ValueError("gpus_per_server and nic_gbps must be positive")
+    cluster = Cluster(str(data.get("name", name)), gpus, nic, tuple(pods), oxcs)
+    pod_ids = {p.id for p in pods}
+    for oxc in oxcs:
+        seen: set[int] = set()
+        for pod_id, ports in oxc.pod_ports.items():
+            if pod_id not in pod_ids:
+                raise ValueError(f"{oxc.id} wires unknown pod {pod_id}")
+            for port in ports:
+                if not 0 <= port < oxc.ports or port in seen:
+                    raise ValueError(f"{oxc.id} port {port} is out of range or wired twice")
+                seen.add(port)
+    for pod in pods:
+        wired = sum(len(o.pod_ports.get(pod.id, ())) for o in oxcs)
+        if oxcs and wired != pod.uplink_ports:
+            raise ValueError(f"{pod.id} declares {pod.uplink_ports} uplinks, {wired} are wired")
+    if cluster.server_count == 0:
+        raise ValueError("the cluster has no servers")
+    return cluster
+
+
+def cluster_to_dict(cluster: Cluster, used: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The `GET /v1/cluster` shape; `used` maps server id to the job holding it."""
+    used = used or {}
+    return {
+        "name": cluster.name,
+        "gpus_per_server": cluster.gpus_per_server,
+        "nic_gbps": cluster.nic_gbps,
+        "pods": [
+            {
+                "id": p.id,
+                "uplink_ports": p.uplink_ports,
+                "tors": [
+                    {
+                        "id": t.id,
+                        "aggregator_gbps": t.aggregator_gbps,
+                        "servers": [
+                            {"id": s.id, "free": s.id not in used, "job_id": used.get(s.id)}
+                            for s in t.servers
+                        ],
+                    }
+                    for t in p.tors
+                ],
+            }
+            for p in cluster.pods
+        ],
+        "oxcs": [
+            {
+                "id": o.id,
+                "ports": o.ports,
+                "reconfig_ms": o.reconfig_ms,
+                "pod_ports": {k: list(v) for k, v in o.pod_ports.items()},
+            }
+            for o in cluster.oxcs
+        ],
+    }

@@ -1,0 +1,118 @@
+"""Jobs, their parallel units and where those units run.
+
+Pure values only; must not import anything that does I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class Collective(StrEnum):
+    """The AllReduce algorithm a launcher may force; `auto` lets the engine choose."""
+
+    AUTO = "auto"
+    INC = "inc"
+    RING = "ring"
+    TREE = "tree"
+    HIERARCHICAL_RING = "hierarchical_ring"
+
+
+class JobState(StrEnum):
+    QUEUED = "queued"
+    PLACED = "placed"
+    COMPLETED = "completed"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True, slots=True)
+class Parallelism:
+    """Degrees Lightpath schedules: a job needs ep*dp*pp servers (TP is the server)."""
+
+    dp: int
+    pp: int
+    ep: int = 1
+
+    def __post_init__(self) -> None:
+        if self.dp < 1 or self.pp < 1 or self.ep < 1:
+            raise ValueError("parallel degrees must be positive")
+
+    @property
+    def servers(self) -> int:
+        return self.dp * self.pp * self.ep
+
+
+@dataclass(frozen=True, slots=True)
+class ModelFacts:
+    """What the launcher knows of the model; any field may be unknown (None)."""
+
+    parameters: float | None = None
+    bytes_per_parameter: float | None = None
+    activation_bytes: float | None = None
+    microbatches: int | None = None
+    hidden_size: int | None = None
+    num_layers: int | None = None
+    seq_len: int | None = None
+    microbatch_size: int | None = None
+    optimizer: str | None = None
+    activation_checkpointing: bool | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ComputeTimes:
+    """Measured or estimated compute times of one micro-batch and the optimizer step."""
+
+    microbatch_forward_s: float | None = None
+    microbatch_backward_s: float | None = None
+    optimizer_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """A training job as the launcher described it."""
+
+    job_id: str
+    parallelism: Parallelism
+    model: ModelFacts | None = None
+    compute: ComputeTimes | None = None
+    collective: Collective = Collective.AUTO
+    priority: int = 0
+    deadline: float | None = None  # seconds since the epoch
+    submitted_order: int = 0  # arrival order, ties broken by it in every queue policy
+
+    @property
+    def servers_needed(self) -> int:
+        return self.parallelism.servers
+
+
+@dataclass(frozen=True, slots=True)
+class Unit:
+    """One parallel unit of a job: (stage, dp_rank, ep_rank) on one server."""
+
+    server: str
+    stage: int
+    dp_rank: int
+    ep_rank: int
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Where every unit of a job runs, and why it was laid out this way."""
+
+    job_id: str
+    units: tuple[Unit, ...]
+    reason: str = ""
+
+    @property
+    def servers(self) -> tuple[str, ...]:
+        return tuple(u.server for u in self.units)
+
+
+@dataclass(frozen=True, slots=True)
+class Unplaceable:
+    """A job that cannot be placed now (`never_fits` False) or ever (True), with reasons."""
+
+    job_id: str
+    reasons: tuple[str, ...]
+    never_fits: bool = False

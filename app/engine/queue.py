@@ -1,0 +1,108 @@
+"""Queue policies and backfill: which queued jobs to admit now, and where.
+
+Pure functions; no I/O imports. `admit_queued` is the one entry point the worker
+and the simulator call after any arrival or completion.
+
+Every policy orders by priority (higher first), then by its own key, then by
+arrival. With backfill on, when the head job does not fit, it gets a
+reservation: the ToRs it would use once their running jobs finish (those with
+the most free servers first). Later jobs may start only on servers outside the
+reservation, so backfill never delays the head job (EASY backfill without
+runtime estimates: iteration counts are unknown, so reservations are spatial).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence, Set
+from dataclasses import dataclass
+from enum import StrEnum
+
+from .cluster import Cluster
+from .job import Job, Placement, Unplaceable
+from .placement import place_job
+
+
+class QueuePolicy(StrEnum):
+    FIFO = "fifo"
+    SMALLEST_FIRST = "smallest-first"
+    EDF = "edf"
+
+
+_KEYS: dict[QueuePolicy, Callable[[Job], tuple[float, ...]]] = {
+    QueuePolicy.FIFO: lambda j: (-j.priority, j.submitted_order),
+    QueuePolicy.SMALLEST_FIRST: lambda j: (-j.priority, j.servers_needed, j.submitted_order),
+    QueuePolicy.EDF: lambda j: (
+        -j.priority,
+        j.deadline if j.deadline is not None else math.inf,
+        j.submitted_order,
+    ),
+}
+
+
+def order_queue(queue: Sequence[Job], policy: QueuePolicy) -> list[Job]:
+    """The queue in the order `policy` serves it."""
+    return sorted(queue, key=_KEYS[policy])
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """What to start now, and which servers are held for the blocked head job."""
+
+    placements: tuple[Placement, ...]
+    reserved_for: str | None = None
+    reserved_servers: frozenset[str] = frozenset()
+
+
+PlaceFn = Callable[[Cluster, Set[str], Job], Placement | Unplaceable]
+
+
+def reserve_for(cluster: Cluster, free: Set[str], job: Job) -> frozenset[str]:
+    """Servers of the ToRs the blocked `job` will take: fullest-free ToRs first."""
+    ep = job.parallelism.ep
+    need = job.parallelism.dp * job.parallelism.pp
+    tors = sorted(
+        (t for p in cluster.pods for t in p.tors),
+        key=lambda t: (-sum(1 for s in t.servers if s.id in free), t.id),
+    )
+    reserved: set[str] = set()
+    for tor in tors:
+        if need <= 0:
+            break
+        slots = len(tor.servers) // ep
+        if slots == 0:
+            continue
+        reserved.update(s.id for s in tor.servers)
+        need -= slots
+    return frozenset(reserved)
+
+
+def admit_queued(
+    cluster: Cluster,
+    free: Set[str],
+    queue: Sequence[Job],
+    policy: QueuePolicy,
+    *,
+    backfill: bool = True,
+    place: PlaceFn = place_job,
+) -> Admission:
+    """Admit queued jobs in policy order; backfill around a blocked head if allowed."""
+    available = set(free)
+    placements: list[Placement] = []
+    reserved: frozenset[str] = frozenset()
+    head: str | None = None
+    for job in order_queue(queue, policy):
+        usable = available - reserved if head else available
+        result = place(cluster, usable, job)
+        if isinstance(result, Placement):
+            placements.append(result)
+            available.difference_update(result.servers)
+            continue
+        if result.never_fits:
+            continue  # refused at the door; never blocks the queue
+        if head is None:
+            if not backfill:
+                break
+            head = job.job_id
+            reserved = reserve_for(cluster, available, job)
+    return Admission(tuple(placements), head, reserved if head else frozenset())
