@@ -1,0 +1,82 @@
+"""What routes need, declared once: the services bundle and the auth check."""
+
+from __future__ import annotations
+
+import hmac
+from dataclasses import dataclass, field
+from typing import Annotated, Any
+
+from fastapi import Depends, Request
+
+from app.engine.cluster import Cluster
+from app.settings import Settings
+from app.store import Store
+
+from .problems import Problem
+from .waiters import JobWaiters
+
+
+@dataclass
+class Services:
+    """Everything the API talks to; built by `app.wiring` (real or fake parts)."""
+
+    settings: Settings
+    cluster: Cluster
+    store: Store
+    bus: Any
+    waiters: JobWaiters = field(default_factory=JobWaiters)
+    southbound: Any = None
+    extras: dict[str, Any] = field(default_factory=dict)
+
+
+def get_services(request: Request) -> Services:
+    services: Services = request.app.state.services
+    return services
+
+
+ServicesDep = Annotated[Services, Depends(get_services)]
+
+
+def _scope_of(request: Request, tokens: dict[str, str]) -> str | None:
+    header = request.headers.get("authorization", "")
+    scheme, _, presented = header.partition(" ")
+    if scheme.lower() != "bearer" or not presented:
+        return None
+    presented = presented.strip()
+    for token, scope in tokens.items():
+        if hmac.compare_digest(token.encode(), presented.encode()):
+            return scope
+    return None
+
+
+def require(*scopes: str) -> Any:
+    """A dependency admitting a bearer token of one of `scopes` (operator admits all).
+
+    With no tokens configured auth is off; the CLI only allows that on loopback.
+    An empty `scopes` admits any valid token.
+    """
+
+    def check(request: Request, services: ServicesDep) -> str | None:
+        tokens = services.extras.get("tokens")
+        if tokens is None:
+            tokens = services.settings.token_scopes()
+            services.extras["tokens"] = tokens
+        if not tokens:
+            return None
+        scope = _scope_of(request, tokens)
+        if scope is None:
+            raise Problem(
+                401,
+                "Unauthorized",
+                "a valid bearer token is required",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+        if scope != "operator" and scopes and scope not in scopes:
+            raise Problem(
+                403,
+                "Forbidden",
+                f"this token's scope is {scope}; this call needs {' or '.join(scopes)}",
+            )
+        return scope
+
+    return Depends(check)

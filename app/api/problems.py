@@ -1,0 +1,125 @@
+"""RFC 9457 problem details: the one place that turns errors into HTTP responses.
+
+Routes raise `Problem`; validation errors, unknown routes and anything
+unexpected are converted here, so every 4xx/5xx body is
+`application/problem+json` with `type`, `title`, `status`, `detail` (and
+`errors`, the offending fields, for validation problems).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+log = logging.getLogger("lightpath.api")
+
+PROBLEM_JSON = "application/problem+json"
+TYPE_BASE = "https://lightpath.dev/problems/"
+
+
+class Problem(Exception):
+    """An error the client can act on, carried to the problem+json handler."""
+
+    def __init__(
+        self,
+        status: int,
+        title: str,
+        detail: str,
+        *,
+        kind: str | None = None,
+        extra: dict[str, Any] | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.title = title
+        self.detail = detail
+        self.kind = kind or title.lower().replace(" ", "-")
+        self.extra = extra or {}
+        self.headers = headers
+
+
+def problem_response(
+    status: int,
+    title: str,
+    detail: str,
+    *,
+    kind: str | None = None,
+    extra: dict[str, Any] | None = None,
+    headers: dict[str, str] | None = None,
+) -> JSONResponse:
+    body: dict[str, Any] = {
+        "type": TYPE_BASE + (kind or title.lower().replace(" ", "-")),
+        "title": title,
+        "status": status,
+        "detail": detail,
+    }
+    body.update(extra or {})
+    return JSONResponse(body, status_code=status, media_type=PROBLEM_JSON, headers=headers)
+
+
+def _field_errors(exc: RequestValidationError) -> list[dict[str, Any]]:
+    fields = []
+    for err in exc.errors():
+        loc = [str(part) for part in err.get("loc", ())]
+        fields.append(
+            {"field": ".".join(loc), "message": err.get("msg", ""), "type": err.get("type")}
+        )
+    return fields
+
+
+async def _on_problem(_request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, Problem)
+    return problem_response(
+        exc.status, exc.title, exc.detail, kind=exc.kind, extra=exc.extra, headers=exc.headers
+    )
+
+
+async def _on_validation(_request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    errors = _field_errors(exc)
+    if any(e["type"] == "json_invalid" for e in errors):
+        return problem_response(
+            400,
+            "Malformed JSON",
+            "the request body is not valid JSON",
+            kind="malformed-json",
+            extra={"errors": errors},
+        )
+    detail = "; ".join(f"{e['field']}: {e['message']}" for e in errors[:5])
+    return problem_response(
+        422, "Invalid request", detail, kind="validation", extra={"errors": errors}
+    )
+
+
+async def _on_http(_request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, StarletteHTTPException)
+    titles = {404: "Not found", 405: "Method not allowed", 401: "Unauthorized"}
+    return problem_response(
+        exc.status_code,
+        titles.get(exc.status_code, "HTTP error"),
+        str(exc.detail),
+        headers=getattr(exc, "headers", None),
+    )
+
+
+async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:
+    log.exception("unhandled error", extra={"path": request.url.path})
+    return problem_response(
+        500,
+        "Internal error",
+        "the server failed to handle this request; it was logged",
+        kind="internal",
+    )
+
+
+def install_problem_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(Problem, _on_problem)
+    app.add_exception_handler(RequestValidationError, _on_validation)
+    app.add_exception_handler(StarletteHTTPException, _on_http)
+    app.add_exception_handler(Exception, _on_unexpected)

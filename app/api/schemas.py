@@ -1,0 +1,145 @@
+"""Request and response bodies of the REST API (pydantic; the edge of the system).
+
+Request models forbid unknown fields (a typo like `paralellism` must not be
+silently ignored), use strict integers (no "8", no 8.5, no true) and refuse
+NaN and infinities.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator
+
+from app.engine.job import Collective
+
+Degree = Annotated[StrictInt, Field(ge=1, le=65536)]
+PositiveNumber = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+NonNegativeNumber = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+JOB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:@/+-]{0,199}$"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ParallelismIn(_Strict):
+    """Parallel degrees; the job needs ep*dp*pp servers of 8 GPUs (TP is the server)."""
+
+    dp: Degree = Field(description="data-parallel degree")
+    pp: Degree = Field(description="pipeline stages")
+    ep: Degree = Field(1, description="expert-parallel degree (EP group under one ToR)")
+
+
+class ModelIn(_Strict):
+    """What the launcher knows of the model; every field is optional."""
+
+    parameters: PositiveNumber | None = Field(None, description="parameter count")
+    bytes_per_parameter: Annotated[float, Field(gt=0, le=16, allow_inf_nan=False)] | None = None
+    activation_bytes: NonNegativeNumber | None = Field(
+        None, description="pipeline-boundary activation bytes per micro-batch"
+    )
+    microbatches: Annotated[StrictInt, Field(ge=1, le=1_000_000)] | None = Field(
+        None, description="micro-batches per iteration (GPipe)"
+    )
+    hidden_size: Annotated[StrictInt, Field(ge=1)] | None = None
+    num_layers: Annotated[StrictInt, Field(ge=1)] | None = None
+    seq_len: Annotated[StrictInt, Field(ge=1)] | None = None
+    microbatch_size: Annotated[StrictInt, Field(ge=1)] | None = None
+    optimizer: Literal["adam", "sgd"] | None = None
+    activation_checkpointing: StrictBool | None = None
+
+
+class ComputeIn(_Strict):
+    """Compute times of one micro-batch and of the optimizer step, in seconds."""
+
+    microbatch_forward_s: NonNegativeNumber | None = None
+    microbatch_backward_s: NonNegativeNumber | None = None
+    optimizer_s: NonNegativeNumber | None = None
+
+
+class JobIn(_Strict):
+    """`POST /v1/jobs`: a job arrival. `job_id` makes the call idempotent."""
+
+    job_id: str = Field(pattern=JOB_ID_PATTERN, description="chosen by the launcher")
+    parallelism: ParallelismIn
+    model: ModelIn | None = None
+    compute: ComputeIn | None = None
+    collective: Collective = Field(Collective.AUTO, description="auto lets Lightpath choose")
+    priority: Annotated[StrictInt, Field(ge=-1000, le=1000)] = 0
+    deadline: float | dt.datetime | None = Field(
+        None, description="epoch seconds or RFC 3339 time; used by the edf queue policy"
+    )
+
+    @field_validator("deadline")
+    @classmethod
+    def _deadline_epoch(cls, value: float | dt.datetime | None) -> float | None:
+        if isinstance(value, dt.datetime):
+            if value.tzinfo is None:
+                value = value.replace(tzinfo=dt.UTC)
+            return value.timestamp()
+        if value is not None and (value != value or value in (float("inf"), float("-inf"))):
+            raise ValueError("deadline must be a finite number")
+        return value
+
+    def stored_body(self) -> dict[str, Any]:
+        """The canonical body we keep and compare for idempotency."""
+        return self.model_dump(mode="json", exclude={"job_id"})
+
+
+class UnitOut(BaseModel):
+    server: str
+    stage: int
+    dp_rank: int
+    ep_rank: int
+
+
+class PlacementOut(BaseModel):
+    units: list[UnitOut]
+    reason: str = ""
+
+
+class CollectiveOut(BaseModel):
+    algorithm: str
+    inc: bool
+    aggregators: list[str]
+    estimated_allreduce_s: float | None = None
+    reason: str | None = None
+
+
+class JobOut(BaseModel):
+    """A job as Lightpath sees it now."""
+
+    job_id: str
+    state: Literal["queued", "placed", "completed", "failed"]
+    submitted_at: dt.datetime
+    placed_at: dt.datetime | None
+    completed_at: dt.datetime | None
+    parallelism: ParallelismIn
+    priority: int = 0
+    deadline: float | None = None
+    queue_reason: str | None = Field(None, description="why a queued job waits")
+    placement: PlacementOut | None = None
+    collective: CollectiveOut | None = None
+
+
+class JobListOut(BaseModel):
+    jobs: list[JobOut]
+    next: int | None = Field(None, description="pass as `after` for the next page")
+
+
+class DecisionOut(BaseModel):
+    seq: int
+    at: dt.datetime
+    kind: Literal["placement", "oxc", "routing"]
+    job_id: str | None
+    reason: Literal["arrival", "completion", "phase", "prediction", "reconcile"]
+    placement: dict[str, Any] | None = None
+    oxc: dict[str, Any] | None = None
+    routing: dict[str, Any] | None = None
+
+
+class DecisionPage(BaseModel):
+    decisions: list[DecisionOut]
+    next: int = Field(description="first seq not in this page; resume with after=next-1")

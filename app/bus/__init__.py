@@ -1,0 +1,6 @@
+"""The event bus: in-process for the embedded default, Redis Streams when configured."""
+
+from .inprocess import InProcessBus
+from .messages import AdmitJob, CompleteJob, JobsChanged, Message, ReportTraffic
+
+__all__ = ["AdmitJob", "CompleteJob", "InProcessBus", "JobsChanged", "Message", "ReportTraffic"]

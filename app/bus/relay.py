@@ -1,0 +1,67 @@
+"""The outbox relay: moves recorded events from the database onto the bus."""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from app.store import Store
+
+from .messages import Message, from_outbox
+
+log = logging.getLogger("lightpath.relay")
+
+
+class OutboxRelay:
+    """Drains the outbox after every kick and at least every `interval_s`."""
+
+    def __init__(
+        self, store: Store, publish: Callable[[Message], None], interval_s: float = 1.0
+    ) -> None:
+        self.store = store
+        self.publish = publish
+        self.interval_s = interval_s
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._drains = 0
+
+    def _publish_payload(self, payload: dict[str, Any]) -> None:
+        self.publish(from_outbox(payload))
+
+    def drain(self) -> int:
+        total = 0
+        while True:
+            n = self.store.relay_outbox(self._publish_payload)
+            total += n
+            if n == 0:
+                return total
+
+    def kick(self) -> None:
+        self._wake.set()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(self.interval_s)
+            self._wake.clear()
+            try:
+                self.drain()
+                self._drains += 1
+                if self._drains % 600 == 0:
+                    self.store.prune_outbox(dt.timedelta(hours=1))
+            except Exception:
+                log.exception("outbox relay pass failed; retrying")
+                self._stop.wait(1.0)
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="outbox-relay", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)

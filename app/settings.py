@@ -1,0 +1,102 @@
+"""The one settings object: every `LIGHTPATH_*` environment variable, typed and checked.
+
+Nothing else in the code reads the environment. Defaults run the embedded mode:
+SQLite under ./.lightpath/, the in-process event bus and in-process mock switches.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from app.engine.queue import QueuePolicy
+
+SCOPES = ("launcher", "telemetry", "operator")
+DEFAULT_SQLITE = "sqlite:///./.lightpath/lightpath.db"
+
+
+class Settings(BaseSettings):
+    """Service settings; build once at start-up and pass down."""
+
+    model_config = SettingsConfigDict(env_prefix="LIGHTPATH_", extra="ignore")
+
+    database_url: str = DEFAULT_SQLITE
+    redis_url: str | None = None
+    southbound_url: str | None = None
+    api_tokens: SecretStr | None = None
+    cluster: str = "small"
+    queue_policy: QueuePolicy = QueuePolicy.FIFO
+    backfill: bool = True
+    reconfig_ms: float = Field(25.0, ge=0)
+    mock_fault_rate: float = Field(0.0, ge=0, le=1)
+    predictor: Literal["seed", "lightpath"] = "lightpath"
+    log_level: str = "INFO"
+    max_body_bytes: int = Field(4 * 1024 * 1024, gt=0)
+    admit_wait_s: float = Field(2.0, ge=0)
+    worker_tick_s: float = Field(1.0, gt=0)
+
+    @field_validator("database_url")
+    @classmethod
+    def _normalise_database_url(cls, value: str) -> str:
+        """Accept plain `postgresql://` and pick the psycopg 3 driver ourselves."""
+        for prefix in ("postgresql://", "postgres://", "postgresql+psycopg2://"):
+            if value.startswith(prefix):
+                return "postgresql+psycopg://" + value[len(prefix) :]
+        if not value.startswith(("postgresql+psycopg://", "sqlite://")):
+            raise ValueError("database_url must be postgresql://... or sqlite:///...")
+        return value
+
+    @field_validator("api_tokens")
+    @classmethod
+    def _check_tokens(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and value.get_secret_value().strip():
+            parse_tokens(value.get_secret_value())
+            return value
+        return None
+
+    @property
+    def is_sqlite(self) -> bool:
+        return self.database_url.startswith("sqlite")
+
+    @property
+    def sqlite_path(self) -> Path | None:
+        if not self.is_sqlite:
+            return None
+        raw = self.database_url.removeprefix("sqlite:///")
+        return None if raw in ("", ":memory:") else Path(raw)
+
+    def token_scopes(self) -> dict[str, str]:
+        """Map each bearer token to its scope (empty when auth is off)."""
+        if self.api_tokens is None:
+            return {}
+        return parse_tokens(self.api_tokens.get_secret_value())
+
+
+def parse_tokens(raw: str) -> dict[str, str]:
+    """Parse `launcher=tok1,telemetry=tok2` into {token: scope}; reject bad entries."""
+    tokens: dict[str, str] = {}
+    for entry in raw.split(","):
+        entry = entry.strip()
+        if not entry:
+            continue
+        scope, sep, token = entry.partition("=")
+        scope, token = scope.strip(), token.strip()
+        if not sep or scope not in SCOPES or not token:
+            raise ValueError(
+                "LIGHTPATH_API_TOKENS entries must be scope=token with scope one of "
+                + ", ".join(SCOPES)
+            )
+        if token in tokens and tokens[token] != scope:
+            raise ValueError("one token is listed under two scopes")
+        if token.lower() in {"changeme", "secret", "token", "password"}:
+            raise ValueError("refusing a placeholder token; set a real secret")
+        tokens[token] = scope
+    return tokens
+
+
+def is_loopback(host: str) -> bool:
+    """True for addresses only this machine can reach."""
+    return host in ("127.0.0.1", "::1", "localhost") or host.startswith("127.")

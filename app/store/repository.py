@@ -1,0 +1,406 @@
+"""Reading and writing Lightpath's durable state; every SQL statement lives here.
+
+One method is one transaction. Rows are mapped to engine values (`app.engine`)
+and to plain records the API renders; nothing above this module sees SQL.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Connection, Engine, delete, func, insert, select, text, update
+from sqlalchemy.exc import IntegrityError
+
+from app.engine.job import JobState, Placement
+
+from . import tables as t
+from .mapping import job_from_body, placement_to_json
+
+
+class StoreError(Exception):
+    """A storage operation failed for a reason other than the caller's input."""
+
+
+class ConcurrentChange(StoreError):
+    """Another writer changed a row this transaction relied on; retry with fresh state."""
+
+
+@dataclass(frozen=True, slots=True)
+class JobRecord:
+    """A job row as the API shows it."""
+
+    job_id: str
+    state: str
+    body: dict[str, Any]
+    body_hash: str
+    submitted_order: int
+    examined: bool
+    queue_reason: str | None
+    placement: dict[str, Any] | None
+    collective: dict[str, Any] | None
+    submitted_at: dt.datetime
+    placed_at: dt.datetime | None
+    completed_at: dt.datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class DecisionRecord:
+    seq: int
+    at: dt.datetime
+    kind: str
+    job_id: str | None
+    reason: str
+    payload: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class NewDecision:
+    """A decision to append to the log; the store gives it its seq."""
+
+    kind: str
+    job_id: str | None
+    reason: str
+    payload: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """What the scheduler needs to decide: the queue and who holds which server."""
+
+    queued: tuple[Any, ...]  # engine Jobs in arrival order
+    used: dict[str, str]  # server id -> job id
+    placed: dict[str, dict[str, Any]]  # job id -> placement JSON of placed jobs
+    unexamined: frozenset[str] = frozenset()  # queued jobs no admission pass has seen
+
+
+def utcnow() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+def _aware(value: dt.datetime | None) -> dt.datetime | None:
+    """SQLite hands back naive datetimes; everything we store is UTC."""
+    if value is not None and value.tzinfo is None:
+        return value.replace(tzinfo=dt.UTC)
+    return value
+
+
+def _job_record(row: Any) -> JobRecord:
+    return JobRecord(
+        job_id=row.job_id,
+        state=row.state,
+        body=row.body,
+        body_hash=row.body_hash,
+        submitted_order=row.submitted_order,
+        examined=row.examined,
+        queue_reason=row.queue_reason,
+        placement=row.placement,
+        collective=row.collective,
+        submitted_at=_aware(row.submitted_at),  # type: ignore[arg-type]
+        placed_at=_aware(row.placed_at),
+        completed_at=_aware(row.completed_at),
+    )
+
+
+def next_counter(conn: Connection, name: str, n: int = 1) -> int:
+    """Reserve `n` values of counter `name`; returns the first. Locks the counter row."""
+    result = conn.execute(
+        update(t.counters)
+        .where(t.counters.c.name == name)
+        .values(value=t.counters.c.value + n)
+        .returning(t.counters.c.value)
+    ).scalar_one_or_none()
+    if result is None:
+        try:
+            with conn.begin_nested():
+                conn.execute(insert(t.counters).values(name=name, value=n))
+        except IntegrityError:
+            return next_counter(conn, name, n)
+        return 1
+    return int(result) - n + 1
+
+
+def append_decisions(
+    conn: Connection, decisions: Sequence[NewDecision], now: dt.datetime
+) -> list[int]:
+    """Append to the decision log inside the caller's transaction; returns the seqs."""
+    if not decisions:
+        return []
+    first = next_counter(conn, "decision_seq", len(decisions))
+    rows = [
+        {
+            "seq": first + i,
+            "at": now,
+            "kind": d.kind,
+            "job_id": d.job_id,
+            "reason": d.reason,
+            "payload": d.payload,
+        }
+        for i, d in enumerate(decisions)
+    ]
+    conn.execute(insert(t.decisions), rows)
+    return [r["seq"] for r in rows]
+
+
+def add_outbox(conn: Connection, topic: str, payload: dict[str, Any], now: dt.datetime) -> None:
+    conn.execute(insert(t.outbox).values(topic=topic, payload=payload, created_at=now))
+
+
+class Store:
+    """Repositories over one database: jobs, servers, the decision log, the outbox."""
+
+    def __init__(self, write_engine: Engine, read_engine: Engine | None = None) -> None:
+        self.write_engine = write_engine
+        self.read_engine = read_engine or write_engine
+
+    def dispose(self) -> None:
+        self.write_engine.dispose()
+        if self.read_engine is not self.write_engine:
+            self.read_engine.dispose()
+
+    def ping(self) -> None:
+        """Raise when the database cannot answer a trivial query."""
+        with self.read_engine.connect() as conn:
+            conn.execute(text("SELECT 1"))
+
+    # --- jobs -------------------------------------------------------------
+
+    def submit_job(
+        self,
+        job_id: str,
+        body: dict[str, Any],
+        body_hash: str,
+        *,
+        servers_needed: int,
+        priority: int,
+        deadline: float | None,
+    ) -> tuple[JobRecord, bool]:
+        """Record a new queued job and its AdmitJob event; (existing, False) if the id exists."""
+        existing = self.get_job(job_id)
+        if existing is not None:
+            return existing, False
+        now = utcnow()
+        try:
+            with self.write_engine.begin() as conn:
+                order = next_counter(conn, "job_order")
+                conn.execute(
+                    insert(t.jobs).values(
+                        job_id=job_id,
+                        submitted_order=order,
+                        body=body,
+                        body_hash=body_hash,
+                        state=JobState.QUEUED.value,
+                        servers_needed=servers_needed,
+                        priority=priority,
+                        deadline=deadline,
+                        examined=False,
+                        submitted_at=now,
+                    )
+                )
+                add_outbox(conn, "jobs", {"type": "AdmitJob", "job_id": job_id}, now)
+        except IntegrityError:
+            existing = self.get_job(job_id)
+            if existing is None:
+                raise
+            return existing, False
+        record = self.get_job(job_id)
+        assert record is not None
+        return record, True
+
+    def get_job(self, job_id: str) -> JobRecord | None:
+        with self.read_engine.connect() as conn:
+            row = conn.execute(select(t.jobs).where(t.jobs.c.job_id == job_id)).first()
+        return _job_record(row) if row is not None else None
+
+    def list_jobs(
+        self, state: str | None = None, *, after_order: int = 0, limit: int = 100
+    ) -> list[JobRecord]:
+        query = select(t.jobs).where(t.jobs.c.submitted_order > after_order)
+        if state is not None:
+            query = query.where(t.jobs.c.state == state)
+        query = query.order_by(t.jobs.c.submitted_order).limit(limit)
+        with self.read_engine.connect() as conn:
+            return [_job_record(r) for r in conn.execute(query)]
+
+    def count_jobs_by_state(self) -> dict[str, int]:
+        with self.read_engine.connect() as conn:
+            rows = conn.execute(select(t.jobs.c.state, func.count()).group_by(t.jobs.c.state)).all()
+        counts = {s.value: 0 for s in JobState}
+        counts.update({state: int(n) for state, n in rows})
+        return counts
+
+    def complete_job(self, job_id: str) -> JobRecord | None:
+        """Mark a job completed and free its servers; a second call changes nothing."""
+        now = utcnow()
+        with self.write_engine.begin() as conn:
+            row = conn.execute(select(t.jobs.c.state).where(t.jobs.c.job_id == job_id)).first()
+            if row is None:
+                return None
+            if row.state in (JobState.QUEUED.value, JobState.PLACED.value):
+                conn.execute(
+                    delete(t.server_assignments).where(t.server_assignments.c.job_id == job_id)
+                )
+                conn.execute(
+                    update(t.jobs)
+                    .where(t.jobs.c.job_id == job_id)
+                    .values(state=JobState.COMPLETED.value, completed_at=now)
+                )
+                add_outbox(conn, "jobs", {"type": "CompleteJob", "job_id": job_id}, now)
+        return self.get_job(job_id)
+
+    # --- scheduling -------------------------------------------------------
+
+    def load_snapshot(self) -> Snapshot:
+        """The queue (arrival order) and server holders, read in one transaction."""
+        with self.read_engine.connect() as conn, conn.begin():
+            queued_rows = conn.execute(
+                select(t.jobs.c.job_id, t.jobs.c.body, t.jobs.c.submitted_order, t.jobs.c.examined)
+                .where(t.jobs.c.state == JobState.QUEUED.value)
+                .order_by(t.jobs.c.submitted_order)
+            ).all()
+            used = {
+                r.server_id: r.job_id
+                for r in conn.execute(
+                    select(t.server_assignments.c.server_id, t.server_assignments.c.job_id)
+                )
+            }
+            placed = {
+                r.job_id: r.placement
+                for r in conn.execute(
+                    select(t.jobs.c.job_id, t.jobs.c.placement).where(
+                        t.jobs.c.state == JobState.PLACED.value
+                    )
+                )
+            }
+        queued = tuple(job_from_body(r.job_id, r.body, r.submitted_order) for r in queued_rows)
+        unexamined = frozenset(r.job_id for r in queued_rows if not r.examined)
+        return Snapshot(queued, used, placed, unexamined)
+
+    def record_admission(
+        self,
+        placements: Iterable[Placement],
+        *,
+        examined: Iterable[str],
+        queue_reasons: dict[str, str],
+        reason: str,
+        collectives: dict[str, dict[str, Any]] | None = None,
+    ) -> list[int]:
+        """Place jobs, hold their servers and log the decisions, all or nothing.
+
+        Raises ConcurrentChange when a job left the queue (completed) meanwhile
+        or a server was taken: the worker reloads and decides again.
+        """
+        now = utcnow()
+        collectives = collectives or {}
+        decisions = []
+        try:
+            with self.write_engine.begin() as conn:
+                for p in placements:
+                    payload = placement_to_json(p)
+                    changed = conn.execute(
+                        update(t.jobs)
+                        .where(t.jobs.c.job_id == p.job_id)
+                        .where(t.jobs.c.state == JobState.QUEUED.value)
+                        .values(
+                            state=JobState.PLACED.value,
+                            placement=payload,
+                            collective=collectives.get(p.job_id),
+                            placed_at=now,
+                            examined=True,
+                            queue_reason=None,
+                        )
+                    ).rowcount
+                    if changed != 1:
+                        raise ConcurrentChange(f"job {p.job_id} is no longer queued")
+                    conn.execute(
+                        insert(t.server_assignments),
+                        [{"server_id": s, "job_id": p.job_id} for s in p.servers],
+                    )
+                    decisions.append(
+                        NewDecision("placement", p.job_id, reason, {"placement": payload})
+                    )
+                for job_id in examined:
+                    conn.execute(
+                        update(t.jobs)
+                        .where(t.jobs.c.job_id == job_id)
+                        .where(t.jobs.c.state == JobState.QUEUED.value)
+                        .values(examined=True)
+                    )
+                for job_id, why in queue_reasons.items():
+                    conn.execute(
+                        update(t.jobs)
+                        .where(t.jobs.c.job_id == job_id)
+                        .where(t.jobs.c.state == JobState.QUEUED.value)
+                        .where(t.jobs.c.queue_reason.is_distinct_from(why))
+                        .values(queue_reason=why)
+                    )
+                return append_decisions(conn, decisions, now)
+        except IntegrityError as exc:
+            raise ConcurrentChange("a server was taken by another writer") from exc
+
+    # --- outbox -----------------------------------------------------------
+
+    def relay_outbox(self, publish: Callable[[dict[str, Any]], None], limit: int = 500) -> int:
+        """Publish unpublished outbox rows in order, then mark them; returns how many.
+
+        At-least-once: a crash after publishing and before the commit publishes
+        again; consumers are idempotent. Rows are locked (SKIP LOCKED on
+        Postgres) so two relays do not publish the same row concurrently.
+        """
+        with self.read_engine.connect() as conn:
+            pending = conn.execute(
+                select(t.outbox.c.id).where(t.outbox.c.published_at.is_(None)).limit(1)
+            ).first()
+        if pending is None:
+            return 0
+        with self.write_engine.begin() as conn:
+            rows = conn.execute(
+                select(t.outbox.c.id, t.outbox.c.payload)
+                .where(t.outbox.c.published_at.is_(None))
+                .order_by(t.outbox.c.id)
+                .limit(limit)
+                .with_for_update(skip_locked=True)
+            ).all()
+            for row in rows:
+                publish(row.payload)
+            if rows:
+                conn.execute(
+                    update(t.outbox)
+                    .where(t.outbox.c.id.in_([r.id for r in rows]))
+                    .values(published_at=utcnow())
+                )
+        return len(rows)
+
+    def prune_outbox(self, older_than: dt.timedelta) -> int:
+        """Delete published outbox rows older than `older_than`."""
+        with self.write_engine.begin() as conn:
+            return conn.execute(
+                delete(t.outbox).where(t.outbox.c.published_at < utcnow() - older_than)
+            ).rowcount
+
+    # --- decision log -----------------------------------------------------
+
+    def decisions_after(self, after: int, limit: int) -> list[DecisionRecord]:
+        with self.read_engine.connect() as conn:
+            rows = conn.execute(
+                select(t.decisions)
+                .where(t.decisions.c.seq > after)
+                .order_by(t.decisions.c.seq)
+                .limit(limit)
+            ).all()
+        return [
+            DecisionRecord(r.seq, _aware(r.at), r.kind, r.job_id, r.reason, r.payload)  # type: ignore[arg-type]
+            for r in rows
+        ]
+
+    def last_decision_seq(self) -> int:
+        with self.read_engine.connect() as conn:
+            value = conn.execute(select(func.max(t.decisions.c.seq))).scalar()
+        return int(value or 0)
+
+    def count_free_servers(self, total: int) -> int:
+        with self.read_engine.connect() as conn:
+            used = conn.execute(select(func.count()).select_from(t.server_assignments)).scalar()
+        return total - int(used or 0)

@@ -1,0 +1,92 @@
+"""SQLAlchemy 2 tables: the single description of what Lightpath keeps durably.
+
+Schema changes go through an Alembic revision in `migrations/versions/`.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    Column,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+)
+
+metadata = MetaData()
+
+# A job as the launcher submitted it, and what the scheduler made of it.
+jobs = Table(
+    "jobs",
+    metadata,
+    Column("job_id", String(200), primary_key=True),
+    Column("submitted_order", BigInteger, nullable=False, unique=True),
+    Column("body", JSON, nullable=False),
+    Column("body_hash", String(64), nullable=False),
+    Column("state", String(16), nullable=False, index=True),
+    Column("servers_needed", Integer, nullable=False),
+    Column("priority", Integer, nullable=False, default=0),
+    Column("deadline", Float, nullable=True),
+    # True once the worker has run admission with this job in the queue; the
+    # API's POST waits for this (or placement) before answering 201/202.
+    Column("examined", Boolean, nullable=False, default=False),
+    Column("queue_reason", Text, nullable=True),
+    Column("placement", JSON, nullable=True),
+    Column("collective", JSON, nullable=True),
+    Column("submitted_at", DateTime(timezone=True), nullable=False),
+    Column("placed_at", DateTime(timezone=True), nullable=True),
+    Column("completed_at", DateTime(timezone=True), nullable=True),
+)
+
+# Which job holds each server. The primary key makes double booking impossible.
+server_assignments = Table(
+    "server_assignments",
+    metadata,
+    Column("server_id", String(200), primary_key=True),
+    Column("job_id", String(200), ForeignKey("jobs.job_id"), nullable=False, index=True),
+)
+
+# The decision log: gap-free, ordered by seq, append-only.
+decisions = Table(
+    "decisions",
+    metadata,
+    Column("seq", BigInteger, primary_key=True, autoincrement=False),
+    Column("at", DateTime(timezone=True), nullable=False),
+    Column("kind", String(16), nullable=False),
+    Column("job_id", String(200), nullable=True, index=True),
+    Column("reason", String(16), nullable=False),
+    Column("payload", JSON, nullable=False),
+)
+
+# Named monotonic counters (decision seq, job arrival order, report seq). Taking
+# the next value updates the row, which serialises writers and rolls back with
+# the transaction, so sequences stay gap-free.
+counters = Table(
+    "counters",
+    metadata,
+    Column("name", String(64), primary_key=True),
+    Column("value", BigInteger, nullable=False),
+)
+
+# Transactional outbox: written in the same transaction as the fact it
+# announces, published to the bus by the relay, then marked published.
+outbox = Table(
+    "outbox",
+    metadata,
+    Column(
+        "id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
+    ),
+    Column("topic", String(64), nullable=False),
+    Column("payload", JSON, nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    Column("published_at", DateTime(timezone=True), nullable=True),
+    Index("ix_outbox_unpublished", "published_at", "id"),
+)

@@ -1,0 +1,90 @@
+"""The scheduling handler: load a snapshot, ask the engine, record the result.
+
+Level-triggered: it reads the current queue and server holders instead of
+trusting the message that woke it, so a duplicated or lost message costs one
+extra pass, never a wrong placement.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from app.engine.cluster import Cluster
+from app.engine.job import Job
+from app.engine.queue import Admission, QueuePolicy, admit_queued
+from app.store import ConcurrentChange, Snapshot, Store
+
+log = logging.getLogger("lightpath.worker")
+
+MAX_ATTEMPTS = 8
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulingResult:
+    placed: tuple[str, ...]
+    examined: tuple[str, ...]
+    decision_seqs: tuple[int, ...]
+
+
+def queue_reasons(cluster: Cluster, snapshot: Snapshot, admission: Admission) -> dict[str, str]:
+    """Why each job that stays queued waits, in words an operator can act on."""
+    placed = {p.job_id for p in admission.placements}
+    free = (
+        cluster.server_count - len(snapshot.used) - sum(len(p.units) for p in admission.placements)
+    )
+    reasons = {}
+    for job in snapshot.queued:
+        if job.job_id in placed:
+            continue
+        if job.job_id == admission.reserved_for:
+            reasons[job.job_id] = (
+                f"head of the queue: needs {job.servers_needed} servers in whole-ToR EP "
+                f"groups, {free} free; {len(admission.reserved_servers)} servers reserved"
+            )
+        elif admission.reserved_for is not None:
+            reasons[job.job_id] = (
+                f"waiting behind {admission.reserved_for}; needs {job.servers_needed} "
+                f"servers outside its reservation"
+            )
+        else:
+            reasons[job.job_id] = f"needs {job.servers_needed} servers, {free} free"
+    return reasons
+
+
+def schedule(
+    store: Store,
+    cluster: Cluster,
+    policy: QueuePolicy,
+    *,
+    backfill: bool,
+    reason: str,
+) -> SchedulingResult:
+    """Admit what fits now; retried on a concurrent change (e.g. a job completed meanwhile)."""
+    for _attempt in range(MAX_ATTEMPTS):
+        snapshot = store.load_snapshot()
+        if not snapshot.queued:
+            return SchedulingResult((), (), ())
+        free = frozenset(cluster.server_ids).difference(snapshot.used)
+        queue: list[Job] = list(snapshot.queued)
+        admission = admit_queued(cluster, free, queue, policy, backfill=backfill)
+        try:
+            seqs = store.record_admission(
+                admission.placements,
+                examined=snapshot.unexamined,
+                queue_reasons=queue_reasons(cluster, snapshot, admission),
+                reason=reason,
+            )
+        except ConcurrentChange as exc:
+            log.info(
+                "scheduling pass raced a concurrent change, retrying", extra={"detail": str(exc)}
+            )
+            continue
+        placed = tuple(p.job_id for p in admission.placements)
+        for p, seq in zip(admission.placements, seqs, strict=True):
+            log.info(
+                "job placed",
+                extra={"job_id": p.job_id, "seq": seq, "servers": len(p.units), "reason": reason},
+            )
+        return SchedulingResult(placed, tuple(snapshot.unexamined), tuple(seqs))
+    raise ConcurrentChange(f"scheduling did not settle after {MAX_ATTEMPTS} attempts")
