@@ -149,12 +149,17 @@ class OpticalSwitch:
         Raises a `CommandRefused` subclass when the command is invalid for the
         switch's state, `SwitchFault` or `SwitchTimeout` on an injected fault.
         """
-        command = (tuple(sorted(normalize_pairs(disconnect))), tuple(sorted(normalize_pairs(connect))))
+        command = (
+            tuple(sorted(normalize_pairs(disconnect))),
+            tuple(sorted(normalize_pairs(connect))),
+        )
         with self._lock:
             self._settle()
             fault = self._draw_fault()
             if fault == "fault":
-                raise SwitchFault(f"{self.oxc_id}: injected fault, nothing applied", oxc_id=self.oxc_id)
+                raise SwitchFault(
+                    f"{self.oxc_id}: injected fault, nothing applied", oxc_id=self.oxc_id
+                )
             try:
                 visible_at, outcome = self._accept(command, request_id)
             except CommandRefused:
