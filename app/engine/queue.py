@@ -5,10 +5,14 @@ and the simulator call after any arrival or completion.
 
 Every policy orders by priority (higher first), then by its own key, then by
 arrival. With backfill on, when the head job does not fit, it gets a
-reservation: the ToRs it would use once their running jobs finish (those with
-the most free servers first). Later jobs may start only on servers outside the
-reservation, so backfill never delays the head job (EASY backfill without
-runtime estimates: iteration counts are unknown, so reservations are spatial).
+reservation: exactly the servers of the EP slots it will use once the jobs
+running there finish (ToRs with the most free servers first). Later jobs may
+start only on servers outside the reservation, so backfill never delays the head
+job (EASY backfill without runtime estimates: iteration counts are unknown, so
+the reservation is spatial rather than a start time).
+
+`place` defaults to `place_job`; pass
+`functools.partial(place_job, aggregator_free_gbps=...)` to steer INC load.
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ from .placement import place_job
 
 
 class QueuePolicy(StrEnum):
+    """Order of service: arrival, fewest servers first, or earliest deadline first."""
+
     FIFO = "fifo"
     SMALLEST_FIRST = "smallest-first"
     EDF = "edf"
@@ -58,22 +64,35 @@ PlaceFn = Callable[[Cluster, Set[str], Job], Placement | Unplaceable]
 
 
 def reserve_for(cluster: Cluster, free: Set[str], job: Job) -> frozenset[str]:
-    """Servers of the ToRs the blocked `job` will take: fullest-free ToRs first."""
+    """Servers held for the blocked head `job`: exactly its EP slots, fullest ToRs first.
+
+    The head takes ToRs with the most free servers (fewest running jobs to wait
+    for), ToRs of the emptiest pods first (fewer pods, fewer circuits). In each
+    ToR it holds only the servers its EP groups need, free ones before busy ones,
+    so the rest of the ToR stays open to backfill. Once the busy servers in the
+    reservation are released the head fits there: `place_job` needs nothing but
+    whole-ToR EP slots, and backfilled jobs never take a reserved server.
+    """
     ep = job.parallelism.ep
     need = job.parallelism.dp * job.parallelism.pp
+    pod_free = {p.id: sum(1 for s in p.servers if s.id in free) for p in cluster.pods}
     tors = sorted(
-        (t for p in cluster.pods for t in p.tors),
-        key=lambda t: (-sum(1 for s in t.servers if s.id in free), t.id),
+        (t for p in cluster.pods for t in p.tors if len(t.servers) >= ep),
+        key=lambda t: (
+            -(sum(1 for s in t.servers if s.id in free) // ep),
+            -pod_free[t.pod_id],
+            t.id,
+        ),
     )
-    reserved: set[str] = set()
+    reserved: list[str] = []
     for tor in tors:
         if need <= 0:
             break
-        slots = len(tor.servers) // ep
-        if slots == 0:
-            continue
-        reserved.update(s.id for s in tor.servers)
-        need -= slots
+        take = min(len(tor.servers) // ep, need)
+        # Free servers first: each busy one is a running job the head waits for.
+        ordered = sorted(tor.servers, key=lambda s: s.id not in free)
+        reserved.extend(s.id for s in ordered[: take * ep])
+        need -= take
     return frozenset(reserved)
 
 
