@@ -1,0 +1,166 @@
+"""Placement: properties on generated fabrics and occupancies, scenarios on seed-15k."""
+
+from __future__ import annotations
+
+import re
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from app.engine.cluster import Cluster, build_cluster, preset
+from app.engine.job import Collective, Job, ModelFacts, Parallelism, Placement, Unplaceable
+from app.engine.placement import NOT_NOW_BUSY, never_fits, place_job
+
+SEED = preset("seed-15k")
+FACTS = ModelFacts(
+    parameters=70e9, bytes_per_parameter=2, activation_bytes=64 << 20, microbatches=16
+)
+
+
+def _job(dp: int, pp: int = 1, ep: int = 1, **kw: object) -> Job:
+    return Job(f"j{dp}x{pp}x{ep}", Parallelism(dp=dp, pp=pp, ep=ep), **kw)  # type: ignore[arg-type]
+
+
+def _capacity(cluster: Cluster, free: set[str], ep: int) -> int:
+    return sum(
+        sum(1 for s in t.servers if s.id in free) // ep for p in cluster.pods for t in p.tors
+    )
+
+
+def _check(cluster: Cluster, free: set[str], job: Job, placement: Placement) -> None:
+    par = job.parallelism
+    servers = placement.servers
+    assert len(servers) == len(set(servers)) == par.servers  # no double booking
+    assert set(servers) <= free
+    keys = [(u.stage, u.dp_rank, u.ep_rank) for u in placement.units]
+    expected = {(s, d, e) for s in range(par.pp) for d in range(par.dp) for e in range(par.ep)}
+    assert len(keys) == len(expected) and set(keys) == expected  # every unit exactly once
+    tor_of_group: dict[tuple[int, int], set[str]] = {}
+    for u in placement.units:
+        tor_of_group.setdefault((u.stage, u.dp_rank), set()).add(cluster.server(u.server).tor_id)
+    assert all(len(tors) == 1 for tors in tor_of_group.values())  # EP under one ToR
+
+
+fabrics = st.builds(
+    lambda pods, tors, servers, ports: build_cluster(
+        "gen",
+        pods=pods,
+        tors_per_pod=tors,
+        servers_per_tor=servers,
+        uplink_ports_per_pod=ports * 2,
+        oxcs=2,
+        oxc_ports=ports * pods,
+    ),
+    st.integers(1, 4),
+    st.integers(1, 4),
+    st.integers(1, 9),
+    st.integers(1, 8),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(fabrics, st.data())
+def test_placement_properties(cluster: Cluster, data: st.DataObject) -> None:
+    ids = list(cluster.server_ids)
+    free = set(data.draw(st.lists(st.sampled_from(ids), unique=True)))
+    ep = data.draw(st.integers(1, 4))
+    dp = data.draw(st.integers(1, 8))
+    pp = data.draw(st.integers(1, 4))
+    collective = data.draw(st.sampled_from(list(Collective)))
+    facts = data.draw(st.sampled_from([None, FACTS]))
+    job = _job(dp, pp, ep, model=facts, collective=collective)
+    result = place_job(cluster, free, job)
+    if isinstance(result, Placement):
+        _check(cluster, free, job, result)
+        assert result.reason.startswith("layout ")
+    elif not result.never_fits:
+        # A job waits only when the free servers hold too few whole-ToR EP groups.
+        assert result.reasons == (NOT_NOW_BUSY,)
+        assert _capacity(cluster, free, ep) < dp * pp
+    else:
+        assert never_fits(cluster, job) == result.reasons
+
+
+def test_never_fits_reasons() -> None:
+    small = preset("small")
+    assert never_fits(small, _job(64))
+    assert never_fits(small, _job(1, ep=5))
+    result = place_job(small, set(small.server_ids), _job(1, ep=5))
+    assert isinstance(result, Unplaceable) and result.never_fits
+
+
+def test_seed_pod_sized_job_takes_one_pod_and_small_jobs_fill_fragments() -> None:
+    free = set(SEED.server_ids)
+    big = place_job(SEED, free, _job(75, model=FACTS))
+    assert isinstance(big, Placement)
+    assert len({SEED.server(s).pod_id for s in big.servers}) == 1
+    free -= set(big.servers)
+    first = place_job(SEED, free, _job(10))
+    assert isinstance(first, Placement)
+    free -= set(first.servers)
+    tor = SEED.server(first.servers[0]).tor_id
+    # Best fit: a 5-server job goes to the ToR the 10-server job left with 5 free.
+    second = place_job(SEED, free, _job(5))
+    assert isinstance(second, Placement)
+    assert {SEED.server(s).tor_id for s in second.servers} == {tor}
+
+
+def test_seed_big_job_spans_fewest_pods() -> None:
+    result = place_job(SEED, set(SEED.server_ids), _job(32, pp=4, model=FACTS))
+    assert isinstance(result, Placement)
+    assert len({SEED.server(s).pod_id for s in result.servers}) == 2  # 128 servers > 75
+
+
+def test_seed_ep_groups_packed_by_best_fit() -> None:
+    free = set(SEED.server_ids)
+    # Leave one ToR with exactly 8 free servers: an ep=8 group goes there, not
+    # into a whole ToR it would leave 7-server scraps in.
+    seven = [s.id for s in SEED.pods[3].tors[2].servers[:7]]
+    free -= set(seven)
+    result = place_job(SEED, free, _job(1, ep=8))
+    assert isinstance(result, Placement)
+    assert {SEED.server(s).tor_id for s in result.servers} == {"pod-3/tor-2"}
+
+
+def test_layout_chosen_by_estimated_time() -> None:
+    free = set(SEED.server_ids)
+    result = place_job(SEED, free, _job(64, pp=2, model=FACTS))
+    assert isinstance(result, Placement)
+    chosen = float(re.search(r"est\. ([0-9.]+) ms", result.reason).group(1))  # type: ignore[union-attr]
+    others = [float(x) for x in re.findall(r"; \S+ ([0-9.]+) ms \(", result.reason)]
+    assert others and all(chosen <= o for o in others)
+
+
+def test_forced_collective_is_respected() -> None:
+    result = place_job(
+        SEED, set(SEED.server_ids), _job(8, pp=2, model=FACTS, collective=Collective.TREE)
+    )
+    assert isinstance(result, Placement)
+    assert "DP tree" in result.reason
+
+
+def test_inc_chosen_when_aggregators_are_plentiful_across_pods() -> None:
+    # Abundant aggregation and scarce uplinks: a DP group spread over pods is
+    # cheaper to reduce on switches than by a ring over the few circuits.
+    cluster = build_cluster(
+        "inc",
+        pods=2,
+        tors_per_pod=2,
+        servers_per_tor=4,
+        uplink_ports_per_pod=2,
+        oxcs=1,
+        oxc_ports=8,
+        aggregator_gbps=1e6,
+    )
+    result = place_job(cluster, set(cluster.server_ids), _job(16, model=FACTS))
+    assert isinstance(result, Placement)
+    assert "DP inc" in result.reason
+
+
+def test_idle_aggregator_preferred_on_ties() -> None:
+    cluster = preset("small")
+    busy = {t.id: 0.0 for p in cluster.pods for t in p.tors}
+    busy["pod-2/tor-1"] = 800.0
+    result = place_job(cluster, set(cluster.server_ids), _job(2), aggregator_free_gbps=busy)
+    assert isinstance(result, Placement)
+    assert {cluster.server(s).tor_id for s in result.servers} == {"pod-2/tor-1"}
