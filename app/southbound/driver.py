@@ -17,9 +17,10 @@ Must not import FastAPI, SQLAlchemy or Redis.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Protocol, Self, runtime_checkable
+from urllib.parse import quote
 
 import httpx
 
@@ -80,11 +81,20 @@ class InProcessDriver:
         reconfig_ms: float | None = None,
         fault_rate: float = 0.0,
         seed: int = 0,
+        on_reconfiguration: Callable[[str, float], None] | None = None,
     ) -> InProcessDriver:
-        """One switch model per OXC of `cluster` (`reconfig_ms=None`: each OXC's own)."""
-        return cls(
-            switches_for_cluster(cluster, reconfig_ms=reconfig_ms, fault_rate=fault_rate, seed=seed)
+        """One switch model per OXC of `cluster` (`reconfig_ms=None`: each OXC's own).
+
+        `on_reconfiguration(oxc_id, seconds)` lets the host count reconfigurations.
+        """
+        switches = switches_for_cluster(
+            cluster,
+            reconfig_ms=reconfig_ms,
+            fault_rate=fault_rate,
+            seed=seed,
+            on_reconfiguration=on_reconfiguration,
         )
+        return cls(switches)
 
     @property
     def switches(self) -> Mapping[str, OpticalSwitch]:
@@ -102,6 +112,10 @@ class InProcessDriver:
 
     def read(self, oxc_id: str) -> ConfirmedState:
         return self._switch(oxc_id).read()
+
+    def list_oxcs(self) -> list[str]:
+        """The OXC ids this driver reaches."""
+        return list(self._switches)
 
     def close(self) -> None:
         """Nothing to release."""
@@ -164,10 +178,10 @@ class HttpDriver:
             "connect": [[a, b] for a, b in connect],
             "disconnect": [[a, b] for a, b in disconnect],
         }
-        self._request("POST", f"/oxcs/{oxc_id}/apply", oxc_id, body)
+        self._request("POST", f"/oxcs/{quote(oxc_id, safe='')}/apply", oxc_id, body)
 
     def read(self, oxc_id: str) -> ConfirmedState:
-        data = self._request("GET", f"/oxcs/{oxc_id}", oxc_id)
+        data = self._request("GET", f"/oxcs/{quote(oxc_id, safe='')}", oxc_id)
         try:
             return ConfirmedState(
                 oxc_id=str(data["id"]),
@@ -232,5 +246,5 @@ def _error_from_problem(response: httpx.Response, oxc_id: str | None) -> Southbo
         status = response.status_code
         cls = _ERROR_FOR_STATUS.get(status, SwitchFault if status >= 500 else SwitchProtocolError)
     raw_ports = problem.get("ports", [])
-    ports = tuple(int(p) for p in raw_ports) if isinstance(raw_ports, list) else ()
+    ports = tuple(p for p in raw_ports if isinstance(p, int)) if isinstance(raw_ports, list) else ()
     return cls(f"HTTP {response.status_code}: {detail}", oxc_id=oxc_id, ports=ports)

@@ -35,6 +35,7 @@ Must not import FastAPI, SQLAlchemy or Redis; it sees switches only through
 
 from __future__ import annotations
 
+import logging
 import random
 import time
 import uuid
@@ -45,6 +46,8 @@ from dataclasses import dataclass, field
 from .driver import SouthboundDriver
 from .errors import CommandRefused, RequestIdReused, SouthboundError
 from .state import ConfirmedState, PortPair, normalize_pair
+
+log = logging.getLogger("lightpath.southbound")
 
 DesiredCrossConnect = tuple[int, int, str]  # (port a, port b, job_id)
 
@@ -178,11 +181,15 @@ def reconcile(
     sleep: Callable[[float], None] = time.sleep,
     request_id_prefix: str = "reconcile",
     max_parallel_oxcs: int = 8,
+    decision_seq: int | None = None,
 ) -> ReconcileResult:
     """One level-triggered pass: converge every OXC in `desired` to its cross-connects.
 
     An OXC absent from `desired` is left alone; pass an empty collection to
     clear one. Never raises a SouthboundError: failures are in the result.
+    `decision_seq` (the last decision the desired state includes) only labels
+    log lines. OXCs are handled in parallel (up to `max_parallel_oxcs`
+    threads), so the driver must be thread-safe (both drivers here are).
     """
     policy = policy or RetryPolicy()
     rng = rng or random.Random()
@@ -195,7 +202,14 @@ def reconcile(
     def run(job: tuple[str, tuple[DesiredCrossConnect, ...], random.Random]) -> _OxcOutcome:
         oxc_id, pairs, oxc_rng = job
         return _reconcile_oxc(
-            driver, oxc_id, pairs, policy, oxc_rng, sleep, f"{request_id_prefix}-{pass_id}"
+            driver,
+            oxc_id,
+            pairs,
+            policy,
+            oxc_rng,
+            sleep,
+            f"{request_id_prefix}-{pass_id}",
+            {"oxc_id": oxc_id, "decision_seq": decision_seq, "pass_id": pass_id},
         )
 
     if len(jobs) <= 1 or max_parallel_oxcs <= 1:
@@ -244,6 +258,7 @@ def _reconcile_oxc(
     rng: random.Random,
     sleep: Callable[[float], None],
     request_id_base: str,
+    log_fields: dict[str, object],
 ) -> _OxcOutcome:
     outcome = _OxcOutcome(oxc_id)
     last_command: tuple[tuple[PortPair, ...], tuple[PortPair, ...]] | None = None
@@ -276,17 +291,32 @@ def _reconcile_oxc(
                 last_command = command
             driver.apply(oxc_id, list(diff.connect), list(diff.disconnect), request_id)
             outcome.applied.append(OxcChange(oxc_id, diff.connect, diff.disconnect, request_id))
+            log.info(
+                "cross-connects changed",
+                extra={
+                    **log_fields,
+                    "request_id": request_id,
+                    "connect": [list(p) for p in diff.connect],
+                    "disconnect": [list(p) for p in diff.disconnect],
+                    "blocked": len(diff.blocked),
+                },
+            )
         except SouthboundError as exc:
             error = ReconcileError(oxc_id, exc.code, exc.detail, _is_retryable(exc))
             if not error.is_retryable:
                 outcome.error = error
+                log.error("oxc reconcile failed", extra={**log_fields, "code": exc.code})
                 return outcome
             outcome.failed_exchanges += 1
             if outcome.failed_exchanges >= policy.max_attempts:
                 outcome.error = error
+                log.warning("oxc reconcile gave up", extra={**log_fields, "code": exc.code})
                 return outcome
-            sleep(policy.backoff_s(outcome.failed_exchanges, rng))
+            delay_s = policy.backoff_s(outcome.failed_exchanges, rng)
+            log.debug("oxc retry", extra={**log_fields, "code": exc.code, "delay_s": delay_s})
+            sleep(delay_s)
     outcome.error = ReconcileError(
         oxc_id, "not-converged", "the switch state kept changing during the pass", True
     )
+    log.warning("oxc reconcile did not settle", extra=log_fields)
     return outcome
