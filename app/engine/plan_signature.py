@@ -1,0 +1,212 @@
+"""Plan signatures: a stable id for the topology one communication phase wants.
+
+A traffic report is one phase as the network saw it: server-to-server bytes. The
+cycle predictor needs the same phase of different iterations to get the same id,
+although bytes vary by several percent (stragglers, partial measurement windows)
+and the report may not say which job it belongs to. The path is:
+
+1. `attribute_demands`: split a report's demands by job using our own placement.
+2. `aggregate_pod_demand`: sum to pod pairs. Intra-pod bytes never touch the
+   optics and are dropped; a pair's load is the larger direction, because a
+   circuit is full duplex and the busier direction sets how many it needs.
+3. `quantise_pod_demand`: a memoryless canonical form, each pair's share of the
+   busiest pair on a log2 grid (pairs under 1/64 of it get no circuit and are
+   left out). Equal structure gives an equal signature, but a share sitting on a
+   grid boundary can flip under noise, so ids come from step 4.
+4. `classify_plan`: tolerant matching against the job's catalogue of plans seen
+   before (total-variation distance of the normalised demand), so a phase reuses
+   the id of the first phase it resembles and a new id is made only for a
+   genuinely new shape. Ids are short hashes of the quantised form ("plan-9f2c").
+
+Pure module: no I/O, no clock, no FastAPI/SQLAlchemy/Redis/pydantic imports.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from .cluster import Cluster
+
+EMPTY_PLAN_ID = "plan-idle"  # a phase with no inter-pod traffic: no circuits needed
+# Pairs below this fraction of the busiest pair get no circuit (their bytes ride a
+# two-hop path or the electrical layer), so they stay out of the signature: a
+# trickle that comes and goes must not split one plan into two.
+DEFAULT_FLOOR = 1.0 / 64.0
+# Maximum total-variation distance between two normalised pod demands that still
+# count as the same plan. Measured iteration jitter moves shares by a few percent
+# (TV ~0.01-0.05, tests/engine/test_plan_signature.py); PP and DP phases of one job
+# differ by TV >= 0.5. 0.2 sits well between.
+DEFAULT_TOLERANCE = 0.2
+# Plans a job's catalogue remembers (least recently seen dropped first). A job has
+# a handful; the cap bounds jobs whose MoE phases never repeat exactly.
+DEFAULT_CATALOG_SIZE = 64
+
+
+@dataclass(frozen=True, slots=True)
+class Demand:
+    """Bytes one server sends another during one communication phase."""
+
+    src: str
+    dst: str
+    size_bytes: float
+
+
+@dataclass(frozen=True, slots=True)
+class PodDemand:
+    """Inter-pod load of one phase: (pod_a, pod_b, bytes) with pod_a < pod_b, sorted."""
+
+    pairs: tuple[tuple[str, str, float], ...]
+
+    @property
+    def total_bytes(self) -> float:
+        return sum(b for _, _, b in self.pairs)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.pairs
+
+
+@dataclass(frozen=True, slots=True)
+class PlanSignature:
+    """A plan's id, its quantised form and the normalised demand it was first seen with."""
+
+    plan_id: str
+    levels: tuple[tuple[str, str, int], ...]  # (pod_a, pod_b, log2 step below the busiest)
+    shares: tuple[tuple[str, str, float], ...]  # each pair's fraction of the phase's bytes
+
+
+@dataclass(frozen=True, slots=True)
+class PlanCatalog:
+    """The plans one job has shown so far, most recently seen first."""
+
+    entries: tuple[PlanSignature, ...] = ()
+    tolerance: float = DEFAULT_TOLERANCE
+    max_entries: int = DEFAULT_CATALOG_SIZE
+    floor: float = DEFAULT_FLOOR
+
+
+def attribute_demands(
+    placements_by_server: Mapping[str, str], demands: Iterable[Demand]
+) -> dict[str, tuple[Demand, ...]]:
+    """Group demands by the job placed on their source server (else destination server).
+
+    Demands whose both ends hold no job are left out: no job's plan can use them.
+    """
+    grouped: dict[str, list[Demand]] = {}
+    for d in demands:
+        job_id = placements_by_server.get(d.src) or placements_by_server.get(d.dst)
+        if job_id is not None:
+            grouped.setdefault(job_id, []).append(d)
+    return {job_id: tuple(ds) for job_id, ds in grouped.items()}
+
+
+def aggregate_pod_demand(cluster: Cluster, demands: Iterable[Demand]) -> PodDemand:
+    """Sum server demands to pod pairs (the larger direction per pair); unknown servers skipped."""
+    index = cluster.server
+    has = cluster.has_server
+    directed: dict[tuple[str, str], float] = {}
+    for d in demands:
+        if d.size_bytes <= 0.0 or not (has(d.src) and has(d.dst)):
+            continue
+        a, b = index(d.src).pod_id, index(d.dst).pod_id
+        if a != b:
+            directed[(a, b)] = directed.get((a, b), 0.0) + d.size_bytes
+    return pod_demand_from_directed(directed)
+
+
+def pod_demand_from_directed(directed: Mapping[tuple[str, str], float]) -> PodDemand:
+    """A PodDemand from directed pod-to-pod bytes (e.g. a row/column of a demand matrix)."""
+    pairs: dict[tuple[str, str], float] = {}
+    for (a, b), size in directed.items():
+        if a == b or size <= 0.0:
+            continue
+        key = (a, b) if a < b else (b, a)
+        pairs[key] = max(pairs.get(key, 0.0), size)
+    return PodDemand(tuple((a, b, size) for (a, b), size in sorted(pairs.items())))
+
+
+def _significant(pod_demand: PodDemand, floor: float) -> tuple[tuple[str, str, float], ...]:
+    """The pairs that would get a circuit: at least `floor` of the busiest pair."""
+    if not pod_demand.pairs:
+        return ()
+    peak = max(b for _, _, b in pod_demand.pairs)
+    return tuple(p for p in pod_demand.pairs if p[2] >= floor * peak)
+
+
+def quantise_pod_demand(
+    pod_demand: PodDemand, floor: float = DEFAULT_FLOOR
+) -> tuple[tuple[str, str, int], ...]:
+    """Each significant pair's load as whole log2 steps below the busiest pair.
+
+    Shares that are powers of two of each other (ring neighbours, pipeline
+    boundaries, their halves) sit at grid centres, +-41% away from a boundary.
+    """
+    pairs = _significant(pod_demand, floor)
+    if not pairs:
+        return ()
+    peak = max(b for _, _, b in pairs)
+    return tuple((a, b, round(-math.log2(size / peak))) for a, b, size in pairs)
+
+
+def signature_id(levels: tuple[tuple[str, str, int], ...], digits: int = 4) -> str:
+    """A short display id for a quantised plan: stable across processes (blake2b, not hash())."""
+    if not levels:
+        return EMPTY_PLAN_ID
+    text = ";".join(f"{a},{b},{lv}" for a, b, lv in levels)
+    return "plan-" + hashlib.blake2b(text.encode(), digest_size=8).hexdigest()[:digits]
+
+
+def plan_signature(pod_demand: PodDemand, floor: float = DEFAULT_FLOOR) -> PlanSignature:
+    """The memoryless signature of one phase (no catalogue: ids may flip at grid edges)."""
+    levels = quantise_pod_demand(pod_demand, floor)
+    pairs = _significant(pod_demand, floor)
+    total = sum(b for _, _, b in pairs)
+    shares = tuple((a, b, size / total) for a, b, size in pairs) if total > 0 else ()
+    return PlanSignature(signature_id(levels), levels, shares)
+
+
+def demand_distance(
+    a: tuple[tuple[str, str, float], ...], b: tuple[tuple[str, str, float], ...]
+) -> float:
+    """Total-variation distance between two normalised pod demands (0 same, 1 disjoint)."""
+    shares = {(x, y): s for x, y, s in a}
+    distance = 0.0
+    for x, y, s in b:
+        distance += abs(s - shares.pop((x, y), 0.0))
+    distance += sum(shares.values())
+    return 0.5 * distance
+
+
+def classify_plan(catalog: PlanCatalog, pod_demand: PodDemand) -> tuple[PlanCatalog, str]:
+    """The plan id for one phase: the closest known plan within tolerance, else a new one."""
+    signature = plan_signature(pod_demand, catalog.floor)
+    if not signature.levels:
+        return catalog, EMPTY_PLAN_ID
+    best_index, best_distance = -1, catalog.tolerance
+    for i, known in enumerate(catalog.entries):
+        if known.levels == signature.levels:  # exact structural match: no need to measure
+            best_index, best_distance = i, 0.0
+            break
+        distance = demand_distance(known.shares, signature.shares)
+        if distance <= best_distance:
+            best_index, best_distance = i, distance
+    if best_index >= 0:
+        found = catalog.entries[best_index]
+        rest = catalog.entries[:best_index] + catalog.entries[best_index + 1 :]
+        return _with_entries(catalog, (found,) + rest), found.plan_id
+    # A new plan. Lengthen its id while it collides with a different known plan.
+    taken = {e.plan_id for e in catalog.entries}
+    plan_id, digits = signature.plan_id, 4
+    while plan_id in taken and digits < 16:
+        digits += 2
+        plan_id = signature_id(signature.levels, digits)
+    entry = PlanSignature(plan_id, signature.levels, signature.shares)
+    entries = ((entry,) + catalog.entries)[: catalog.max_entries]
+    return _with_entries(catalog, entries), plan_id
+
+
+def _with_entries(catalog: PlanCatalog, entries: tuple[PlanSignature, ...]) -> PlanCatalog:
+    return PlanCatalog(entries, catalog.tolerance, catalog.max_entries, catalog.floor)
