@@ -17,7 +17,10 @@ Routes (JSON; every 4xx/5xx is RFC 9457 `application/problem+json` whose
 The factory builds everything; nothing happens at import time and nothing reads
 the environment. Route functions are plain `def`: FastAPI runs them in its
 thread pool, so a command waiting out the reconfiguration latency does not
-block reads. Must not import SQLAlchemy or Redis.
+block reads. The switch state lives in this process's memory: run exactly one
+process (no uvicorn `--workers`, one replica in Kubernetes); a restart is a
+switch that lost its configuration, which the reconciler repairs. Must not
+import SQLAlchemy or Redis.
 """
 
 from __future__ import annotations

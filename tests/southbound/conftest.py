@@ -40,6 +40,11 @@ def small_cluster() -> Cluster:
     return preset("small")
 
 
+@pytest.fixture
+def seed_cluster() -> Cluster:
+    return preset("seed-15k")
+
+
 @dataclass
 class ServedMockOxc:
     url: str

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import Sequence
 
 import pytest
@@ -292,3 +293,45 @@ def test_reconcile_never_double_books_and_converges(
         tuple(sorted(pair)) for pair in desired_pairs if set(pair) & failed
     }
     assert result.converged == (not result.blocked)
+
+
+class StaleOnceDriver(CheckingDriver):
+    """Answers the first read with an empty switch, as a read racing another writer might."""
+
+    def __init__(self, switch: OpticalSwitch) -> None:
+        super().__init__(switch)
+        self.reads = 0
+
+    def read(self, oxc_id: str) -> ConfirmedState:
+        self.reads += 1
+        if self.reads == 1:
+            return ConfirmedState(oxc_id, self.switch.ports, frozenset(), frozenset())
+        return self.inner.read(oxc_id)
+
+    def apply(
+        self,
+        oxc_id: str,
+        connect: Sequence[tuple[int, int]],
+        disconnect: Sequence[tuple[int, int]],
+        request_id: str,
+    ) -> None:
+        self.inner.apply(oxc_id, connect, disconnect, request_id)
+
+
+def test_a_refusal_after_a_stale_read_is_retried_on_a_fresh_read() -> None:
+    switch = OpticalSwitch("oxc-0", 8, reconfig_ms=0.0)
+    switch.apply([(0, 1)], [], "someone-else")
+    driver = StaleOnceDriver(switch)
+    result = reconcile(driver, {"oxc-0": {(1, 2, "j")}}, policy=NO_WAIT, sleep=no_sleep)
+    assert result.converged and result.failed_exchanges == 1  # the PortBusy from the stale plan
+    assert switch.inspect().cross_connects == {(1, 2)}
+
+
+def test_oxcs_are_reconfigured_in_parallel(seed_cluster: Cluster) -> None:
+    driver = InProcessDriver.for_cluster(seed_cluster, reconfig_ms=25.0)
+    desired = {oxc.id: {(0, 12, "j"), (1, 24, "j")} for oxc in seed_cluster.oxcs}
+    started = time.monotonic()
+    result = reconcile(driver, desired, policy=NO_WAIT, max_parallel_oxcs=16)
+    elapsed = time.monotonic() - started
+    assert result.converged and len(result.applied) == 16
+    assert elapsed < 16 * 0.025 / 2  # one OXC after another would take 16 latencies
