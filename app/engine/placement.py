@@ -19,9 +19,10 @@ A job with degrees (ep, dp, pp) is dp*pp EP groups of ep servers; a unit is
    hierarchical ring) and the pipeline sends. `Placement.reason` records the
    estimates, so operators can see why.
 
-The cost estimate is private and follows SPEC section 4 item 2: the topology
-engine's `collective.py` was not committed when this was written. Swap in its
-functions when it lands; only `_dp_phase_s` and `_pp_phase_s` need to change.
+The DP estimate is the collective engine's (`collective.estimate_costs`, SPEC
+section 4 item 2), fed with the circuits the job may get: its share of each pod's
+uplinks, split over the pods it spans. The PP estimate (GPipe sends on the
+slowest edge) is here, as the collective engine has none.
 """
 
 from __future__ import annotations
@@ -32,22 +33,17 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from .cluster import Cluster, Pod, Tor
+from .collective import ALPHA_RING_S, AggregatorGrant, AggregatorLedger, estimate_costs
 from .job import Collective, Job, Placement, Unit, Unplaceable
+from .traffic import ALGO_INC, ALGO_RING, ALGO_TREE, resolve_facts
 
 NEVER_TOO_MANY_SERVERS = "needs more servers than the cluster has"
 NEVER_EP_WIDER_THAN_TOR = "an EP group needs more servers than any ToR holds"
 NEVER_TOO_MANY_EP_GROUPS = "the cluster's ToRs cannot hold that many EP groups at once"
 NOT_NOW_BUSY = "not enough free servers in whole-ToR EP groups right now"
 
-# Per-hop latency: NCCL 2.30.7 tuning model, NET / Ring / Simple protocol hwLatency
-# (shared/data/tables/nccl_tuning_constants_v2.30.7.csv), 14 us.
-ALPHA_S = 14e-6
-# When the launcher gave no model facts the layouts are still compared, on nominal
-# volumes that keep the SPEC's ordering DP > PP: 1 GiB of gradients per server per
-# iteration against 8 micro-batches of 32 MiB of activations.
-_NOMINAL_DP_BYTES = float(1 << 30)
-_NOMINAL_ACTIVATION_BYTES = float(32 << 20)
-_NOMINAL_MICROBATCHES = 8
+# Grant holder standing for every other job in the ledger built from free capacity.
+_OTHERS = "(other jobs)"
 
 _C = TypeVar("_C", Pod, Tor)
 
@@ -106,6 +102,7 @@ def place_job(
     if reasons:
         return Unplaceable(job.job_id, reasons, never_fits=True)
     agg = aggregator_free_gbps or {}
+    ledger = _ledger(cluster, agg)
     slots = _choose_slots(cluster, free, job, agg)
     if slots is None:
         return Unplaceable(job.job_id, (NOT_NOW_BUSY,))
@@ -113,7 +110,7 @@ def place_job(
     estimates = []
     for name, order in _candidate_orders(job, slots):
         units = _units(order, slots)
-        estimate = _estimate(cluster, job, units, name, agg)
+        estimate = _estimate(cluster, job, units, name, ledger)
         estimates.append(estimate)
         if best is None or estimate.total_s < best[0].total_s:
             best = (estimate, units)
@@ -265,200 +262,100 @@ def _units(order: Sequence[tuple[int, int]], slots: Sequence[_Slot]) -> list[Uni
     ]
 
 
-# --- step 2: the private communication-time estimate ---------------------------------
+# --- step 2: the communication-time estimate ----------------------------------------
+
+
+def _ledger(cluster: Cluster, agg: Mapping[str, float]) -> AggregatorLedger:
+    """Aggregator capacity other jobs hold, as the collective engine's ledger."""
+    grants = []
+    for tor_id, free_gbps in sorted(agg.items()):
+        tor = cluster.tors_by_id.get(tor_id)
+        if tor is not None and free_gbps < tor.aggregator_gbps:
+            grants.append(AggregatorGrant(tor_id, _OTHERS, tor.aggregator_gbps - free_gbps))
+    return AggregatorLedger(tuple(grants))
 
 
 def _estimate(
-    cluster: Cluster, job: Job, units: Sequence[Unit], name: str, agg: Mapping[str, float]
+    cluster: Cluster, job: Job, units: Sequence[Unit], name: str, ledger: AggregatorLedger
 ) -> LayoutEstimate:
+    """DP phase by `collective.estimate_costs`, PP phase by `_pp_phase_s`."""
     par = job.parallelism
-    model = job.model
-    params = model.parameters if model and model.parameters else None
-    bpp = model.bytes_per_parameter if model and model.bytes_per_parameter else 2.0
-    # Per server: its stage's share of the gradients (TP splits inside the server,
-    # EP ranks hold different experts; dense layers are counted once, a small
-    # underestimate for MoE that is the same for every layout).
-    dp_bytes = params * bpp / (par.pp * par.ep) if params else _NOMINAL_DP_BYTES
-    act = model.activation_bytes if model and model.activation_bytes else None
-    mbs = model.microbatches if model and model.microbatches else None
-    where = {u.server: cluster.server(u.server) for u in units}
-    job_in_pod: dict[str, int] = {}
-    job_in_tor: dict[str, int] = {}
-    for srv in where.values():
-        job_in_pod[srv.pod_id] = job_in_pod.get(srv.pod_id, 0) + 1
-        job_in_tor[srv.tor_id] = job_in_tor.get(srv.tor_id, 0) + 1
-    # vClos-style isolation: a job gets the share of each pod's uplinks that its
-    # servers hold of the pod. Phases are rewired separately (SPEC section 3), so
-    # the DP and PP phases each get the whole share.
-    cross_bps = {
-        pod_id: cluster.pods_by_id[pod_id].uplink_ports
-        * n
-        / len(cluster.pods_by_id[pod_id].servers)
-        * cluster.nic_gbps
-        * 1e9
-        / 8
-        for pod_id, n in job_in_pod.items()
-    }
-    ctx = _Ctx(
-        server_bps=cluster.server_gbps * 1e9 / 8,
-        pod_of={s: v.pod_id for s, v in where.items()},
-        tor_of={s: v.tor_id for s, v in where.items()},
-        cross_bps=cross_bps,
-        agg_bps={
-            t: agg.get(t, cluster.tors_by_id[t].aggregator_gbps) * 1e9 / 8 for t in job_in_tor
-        },
-        job_in_tor=job_in_tor,
-    )
+    pod_of = {u.server: cluster.server(u.server).pod_id for u in units}
+    share = _uplink_share_gbps(cluster, pod_of)
     by_key = {(u.stage, u.dp_rank, u.ep_rank): u.server for u in units}
-    dp_groups = [
-        [by_key[(s, d, e)] for d in range(par.dp)] for s in range(par.pp) for e in range(par.ep)
-    ]
     pipelines = [
         [by_key[(s, d, e)] for s in range(par.pp)] for d in range(par.dp) for e in range(par.ep)
     ]
-    algorithm, dp_s = _dp_phase_s(ctx, dp_groups, dp_bytes, job.collective)
-    if act is None and mbs is None and params is None:
-        act, mbs = _NOMINAL_ACTIVATION_BYTES, _NOMINAL_MICROBATCHES
-    pp_s = _pp_phase_s(ctx, pipelines, act or _NOMINAL_ACTIVATION_BYTES, mbs or 1)
-    return LayoutEstimate(name, algorithm, dp_s, pp_s)
+    facts = resolve_facts(job)
+    pp_s = _pp_phase_s(
+        cluster, pod_of, share, pipelines, facts.activation_bytes, facts.microbatches
+    )
+    if par.dp == 1:
+        return LayoutEstimate(name, "none", 0.0, pp_s)
+    placement = Placement(job.job_id, tuple(units))
+    costs, _ = estimate_costs(cluster, job, placement, ledger, _pod_pair_gbps(share))
+    if job.collective is Collective.AUTO:
+        algorithm = min(costs, key=lambda a: (costs[a], a))
+    elif job.collective is Collective.INC and not math.isfinite(costs[ALGO_INC]):
+        algorithm = min((ALGO_RING, ALGO_TREE), key=lambda a: costs[a])  # as choose_collective
+    else:
+        algorithm = job.collective.value
+    return LayoutEstimate(name, algorithm, costs[algorithm], pp_s)
 
 
-@dataclass(frozen=True, slots=True)
-class _Ctx:
-    server_bps: float
-    pod_of: Mapping[str, str]
-    tor_of: Mapping[str, str]
-    cross_bps: Mapping[str, float]  # the job's uplink share per pod, bytes/s
-    agg_bps: Mapping[str, float]  # free aggregator input per ToR, bytes/s
-    job_in_tor: Mapping[str, int]
+def _uplink_share_gbps(cluster: Cluster, pod_of: Mapping[str, str]) -> dict[str, float]:
+    """vClos-style isolation: a job gets the share of each pod's uplinks its servers hold.
 
-
-def _ring_s(size: float, n: int, bps: float) -> float:
-    """SPEC ring: T = (N-1) * (2*alpha + 2*S/(N*B)), reduction compute left out (C=0)."""
-    return 0.0 if n <= 1 else (n - 1) * (2 * ALPHA_S + 2 * size / (n * bps))
-
-
-def _tree_s(size: float, n: int, bps: float) -> float:
-    """SPEC double binary tree bound: 4*a*log2 N + 2*S/B + 2*sqrt(8*log2 N*a*S/B)."""
-    if n <= 1:
-        return 0.0
-    log_n = math.log2(n)
-    return 4 * ALPHA_S * log_n + 2 * size / bps + 2 * math.sqrt(8 * log_n * ALPHA_S * size / bps)
-
-
-def _cross_edges(ctx: _Ctx, chains: Sequence[Sequence[str]], cyclic: bool) -> dict[str, int]:
-    """How many chain edges leave each pod: they share that pod's uplink share."""
-    out: dict[str, int] = {}
-    for chain in chains:
-        n = len(chain)
-        for i in range(n if cyclic and n > 1 else n - 1):
-            a, b = ctx.pod_of[chain[i]], ctx.pod_of[chain[(i + 1) % n]]
-            if a != b:
-                out[a] = out.get(a, 0) + 1
+    The DP and PP phases are rewired separately (SPEC section 3), so each phase
+    gets the whole share.
+    """
+    count: dict[str, int] = {}
+    for pod_id in pod_of.values():
+        count[pod_id] = count.get(pod_id, 0) + 1
+    out = {}
+    for pod_id, n in count.items():
+        pod = cluster.pods_by_id[pod_id]
+        out[pod_id] = pod.uplink_ports * n / len(pod.servers) * cluster.nic_gbps
     return out
 
 
-def _chain_bps(ctx: _Ctx, chain: Sequence[str], out: Mapping[str, int], cyclic: bool) -> float:
-    """The slowest edge of a ring or path: full server rate inside a pod (1:1 Clos)."""
-    bps = ctx.server_bps
-    n = len(chain)
-    for i in range(n if cyclic and n > 1 else n - 1):
-        a, b = ctx.pod_of[chain[i]], ctx.pod_of[chain[(i + 1) % n]]
-        if a != b:
-            bps = min(bps, ctx.cross_bps[a] / out[a])
-    return bps
-
-
-def _dp_phase_s(
-    ctx: _Ctx, groups: Sequence[Sequence[str]], size: float, forced: Collective
-) -> tuple[str, float]:
-    """Best (algorithm, seconds) for all DP groups reducing at once."""
-    if all(len(g) <= 1 for g in groups):
-        return ("none", 0.0)
-    out = _cross_edges(ctx, groups, cyclic=True)
-    ring = tree = 0.0
-    for g in groups:
-        bps = _chain_bps(ctx, g, out, cyclic=True)
-        ring = max(ring, _ring_s(size, len(g), bps))
-        tree = max(tree, _tree_s(size, len(g), bps))
-    times = {
-        Collective.RING: ring,
-        Collective.TREE: tree,
-        Collective.HIERARCHICAL_RING: _hierarchical_s(ctx, groups, size),
-        Collective.INC: _inc_s(ctx, groups, size),
+def _pod_pair_gbps(share: Mapping[str, float]) -> dict[tuple[str, str], float]:
+    """Circuit Gb/s per pod pair: each pod's share split evenly over the pods it meets."""
+    pods = sorted(share)
+    if len(pods) < 2:
+        return {}
+    peers = len(pods) - 1
+    return {
+        (p, q): min(share[p], share[q]) / peers for i, p in enumerate(pods) for q in pods[i + 1 :]
     }
-    if forced is not Collective.AUTO:
-        return (forced.value, times[forced])
-    algorithm = min(times, key=lambda a: times[a])
-    return (algorithm.value, times[algorithm])
-
-
-def _hierarchical_s(ctx: _Ctx, groups: Sequence[Sequence[str]], size: float) -> float:
-    """Ring inside each pod, then a ring across pods per local rank on S/n_local."""
-    worst = 0.0
-    leaving: dict[str, int] = {}
-    split = []
-    for g in groups:
-        per_pod: dict[str, int] = {}
-        for s in g:
-            per_pod[ctx.pod_of[s]] = per_pod.get(ctx.pod_of[s], 0) + 1
-        split.append(per_pod)
-        if len(per_pod) > 1:
-            for pod_id, n in per_pod.items():
-                leaving[pod_id] = leaving.get(pod_id, 0) + n
-    for per_pod in split:
-        local = max(per_pod.values())
-        t = _ring_s(size, local, ctx.server_bps)
-        if len(per_pod) > 1:
-            bps = min([ctx.server_bps] + [ctx.cross_bps[p] / leaving[p] for p in per_pod])
-            t += _ring_s(size / local, len(per_pod), bps)
-        worst = max(worst, t)
-    return worst
-
-
-def _inc_s(ctx: _Ctx, groups: Sequence[Sequence[str]], size: float) -> float:
-    """Aggregation on ToR switches, a second level at the group's busiest ToR.
-
-    Every server sends S once and receives S once through its ToR aggregator; the
-    aggregator's input is shared by all the job's servers under it (they reduce
-    at the same time). A group spread over ToRs sends one partial per ToR to a
-    root ToR (across pods over the job's uplink share).
-    """
-    if any(ctx.agg_bps[t] <= 0 for t in ctx.job_in_tor):
-        return math.inf
-    worst = 0.0
-    for g in groups:
-        tors: dict[str, int] = {}
-        for s in g:
-            tors[ctx.tor_of[s]] = tors.get(ctx.tor_of[s], 0) + 1
-        level1 = max(size / min(ctx.server_bps, ctx.agg_bps[t] / ctx.job_in_tor[t]) for t in tors)
-        t_total = 2 * ALPHA_S + level1
-        if len(tors) > 1:
-            root = max(tors, key=lambda t: (tors[t], t))
-            root_pod = ctx.pod_of[next(s for s in g if ctx.tor_of[s] == root)]
-            bps = min(ctx.server_bps, ctx.agg_bps[root] / (len(tors) * len(groups)))
-            for s in g:
-                pod = ctx.pod_of[s]
-                if pod != root_pod:
-                    bps = min(bps, ctx.cross_bps[pod] / len(groups))
-            t_total += 2 * ALPHA_S + size / bps
-        worst = max(worst, t_total)
-    return worst
 
 
 def _pp_phase_s(
-    ctx: _Ctx, pipelines: Sequence[Sequence[str]], act_bytes: float, microbatches: int
+    cluster: Cluster,
+    pod_of: Mapping[str, str],
+    share: Mapping[str, float],
+    pipelines: Sequence[Sequence[str]],
+    act_bytes: float,
+    microbatches: int,
 ) -> float:
     """GPipe sends: each micro-batch's activations forward and gradients back.
 
-    The critical path crosses (m + pp - 2) transfers each way on the slowest edge.
+    The critical path crosses (m + pp - 2) transfers each way on the slowest
+    edge; an edge inside a pod runs at the server's rate (1:1 Clos), one across
+    pods at the pod's uplink share over the job's edges leaving that pod.
     """
     if not pipelines or len(pipelines[0]) <= 1:
         return 0.0
-    out = _cross_edges(ctx, pipelines, cyclic=False)
-    bps = min(_chain_bps(ctx, p, out, cyclic=False) for p in pipelines)
+    leaving: dict[str, int] = {}
+    for chain in pipelines:
+        for a, b in zip(chain, chain[1:], strict=False):
+            if pod_of[a] != pod_of[b]:
+                leaving[pod_of[a]] = leaving.get(pod_of[a], 0) + 1
+    gbps = cluster.server_gbps
+    for pod_id, n in leaving.items():
+        gbps = min(gbps, share[pod_id] / n)
     hops = microbatches + len(pipelines[0]) - 2
-    return 2 * hops * (ALPHA_S + act_bytes / bps)
+    return 2 * hops * (ALPHA_RING_S + act_bytes / (gbps * 1e9 / 8))
 
 
 def _reason(best: LayoutEstimate, all_: Sequence[LayoutEstimate], pods: int, tors: int) -> str:

@@ -139,9 +139,9 @@ def test_forced_collective_is_respected() -> None:
     assert "DP tree" in result.reason
 
 
-def test_inc_chosen_when_aggregators_are_plentiful_across_pods() -> None:
-    # Abundant aggregation and scarce uplinks: a DP group spread over pods is
-    # cheaper to reduce on switches than by a ring over the few circuits.
+def test_inc_chosen_when_aggregators_are_plentiful() -> None:
+    # An aggregator that takes every server's full rate halves the AllReduce: each
+    # worker sends and receives S once instead of a ring's 2*S*(N-1)/N.
     cluster = build_cluster(
         "inc",
         pods=2,
@@ -152,9 +152,15 @@ def test_inc_chosen_when_aggregators_are_plentiful_across_pods() -> None:
         oxc_ports=8,
         aggregator_gbps=1e6,
     )
-    result = place_job(cluster, set(cluster.server_ids), _job(16, model=FACTS))
+    result = place_job(cluster, set(cluster.server_ids), _job(4, model=FACTS))
     assert isinstance(result, Placement)
     assert "DP inc" in result.reason
+    busy = {t.id: 0.0 for p in cluster.pods for t in p.tors}
+    result = place_job(
+        cluster, set(cluster.server_ids), _job(4, model=FACTS), aggregator_free_gbps=busy
+    )
+    assert isinstance(result, Placement)
+    assert "DP inc" not in result.reason  # aggregators full: a ring instead
 
 
 def test_idle_aggregator_preferred_on_ties() -> None:
