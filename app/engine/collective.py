@@ -1,0 +1,425 @@
+"""Collective algorithm choice for DP AllReduce: cost models and in-network aggregators.
+
+Pure functions; must not import anything that does I/O (no FastAPI, SQLAlchemy,
+Redis, pydantic) or read a clock. `choose_collective` is the entry point.
+
+Cost models (SPEC section 4 item 2), T in seconds, S bytes per member, N members,
+B member bandwidth in bytes/s, alpha per-hop latency in s, C reduction s/byte:
+
+- ring: T = (N-1) * (2*alpha + 2*S/(N*B) + S*C/N)
+- double binary tree: T = 4*alpha*log2(N) + 2*S/B + 2*sqrt(8*log2(N)*alpha*S/B)
+  + (sqrt(2*log2(N)*alpha*S) + S) * C   (the SPEC's upper bound, used as the cost)
+- hierarchical ring: ring(n, S, B_in) inside each group of n, then
+  ring(G, S/n_min, B_x) across the G groups on each member's shard
+- INC: T = 2*levels*alpha_inc + S/B_inc: each worker sends S once and receives
+  S once (full duplex, pipelined) through the aggregator; B_inc is the
+  aggregator share per input stream, at most the member's NIC bandwidth.
+
+Aggregators: a ToR's `aggregator_gbps` is consumed in proportion to the bandwidth
+fed into it (one stream per member under it, plus one per other ToR at the
+pod-level root of a two-level aggregation), shared by all jobs, released when a
+job completes (`AggregatorLedger.release`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from .cluster import Cluster
+from .job import Collective, Job, Placement
+from .traffic import (
+    ALGO_HIERARCHICAL_RING,
+    ALGO_INC,
+    ALGO_RING,
+    ALGO_TREE,
+    dp_groups,
+    gradient_bytes,
+)
+
+# alpha per hop, seconds. NCCL 2.30.7 tuning model, shared/data/tables/
+# nccl_tuning_constants_v2.30.7.csv, column Simple (the protocol for large buffers):
+ALPHA_RING_S = 14.0e-6  # row hwLatencies,NET,Ring
+ALPHA_TREE_S = 14.0e-6  # row hwLatencies,NET,Tree
+ALPHA_INC_S = 31.0e-6  # row hwLatencies,NET,CollNetDirect (switch aggregation)
+# C: a server's 8 GPUs reduce their S/8 shards in parallel at ~1 TB/s of HBM
+# each (read 2 bytes, write 1 per reduced byte at ~3 TB/s): 1 / 8e12 s per byte.
+REDUCE_S_PER_BYTE = 1.0 / 8e12
+# an aggregator share below this fraction of a server's NIC rate counts as full
+MIN_INC_SHARE = 0.01
+
+REASON_SINGLE = "one member per DP group: no AllReduce"
+REASON_AGG_FULL = "aggregators full"
+
+
+def gbps_to_bytes_per_s(gbps: float) -> float:
+    """Gb/s to bytes/s: * 1e9 / 8."""
+    return gbps * 1e9 / 8
+
+
+def ring_time_s(
+    n: int,
+    size_bytes: float,
+    bandwidth_bps: float,
+    alpha_s: float = ALPHA_RING_S,
+    reduce_s_per_byte: float = REDUCE_S_PER_BYTE,
+) -> float:
+    """ring: T = (N-1) * (2*alpha + 2*S/(N*B) + S*C/N); 0 for N <= 1."""
+    if n <= 1:
+        return 0.0
+    if bandwidth_bps <= 0:
+        return math.inf
+    s, b, c = size_bytes, bandwidth_bps, reduce_s_per_byte
+    return (n - 1) * (2 * alpha_s + 2 * s / (n * b) + s * c / n)
+
+
+def tree_time_s(
+    n: int,
+    size_bytes: float,
+    bandwidth_bps: float,
+    alpha_s: float = ALPHA_TREE_S,
+    reduce_s_per_byte: float = REDUCE_S_PER_BYTE,
+) -> float:
+    """Double binary tree: 4aL + 2S/B + 2*sqrt(8*L*a*S/B) + (sqrt(2*L*a*S) + S)*C, L=log2 N."""
+    if n <= 1:
+        return 0.0
+    if bandwidth_bps <= 0:
+        return math.inf
+    lg, a, s, b, c = math.log2(n), alpha_s, size_bytes, bandwidth_bps, reduce_s_per_byte
+    return (
+        4 * a * lg
+        + 2 * s / b
+        + 2 * math.sqrt(8 * lg * a * s / b)
+        + (math.sqrt(2 * lg * a * s) + s) * c
+    )
+
+
+def hierarchical_ring_time_s(
+    group_sizes: Sequence[int],
+    size_bytes: float,
+    intra_bps: float,
+    inter_bps: float,
+    alpha_s: float = ALPHA_RING_S,
+    reduce_s_per_byte: float = REDUCE_S_PER_BYTE,
+) -> float:
+    """ring(max n, S, B_in) inside groups + ring(G, S/min n, B_x) across the G groups."""
+    sizes = [g for g in group_sizes if g > 0]
+    if sum(sizes) <= 1:
+        return 0.0
+    inside = ring_time_s(max(sizes), size_bytes, intra_bps, alpha_s, reduce_s_per_byte)
+    shard = size_bytes / min(sizes)
+    across = ring_time_s(len(sizes), shard, inter_bps, alpha_s, reduce_s_per_byte)
+    return inside + across
+
+
+def inc_time_s(size_bytes: float, bandwidth_bps: float, levels: int) -> float:
+    """INC: T = 2*levels*alpha_inc + S/B_inc (send and receive S once, full duplex)."""
+    if levels <= 0 or size_bytes <= 0:
+        return 0.0
+    if bandwidth_bps <= 0:
+        return math.inf
+    return 2 * levels * ALPHA_INC_S + size_bytes / bandwidth_bps
+
+
+@dataclass(frozen=True, slots=True)
+class AggregatorGrant:
+    """Gb/s of one ToR's aggregator held by one job."""
+
+    tor_id: str
+    job_id: str
+    gbps: float
+
+
+@dataclass(frozen=True, slots=True)
+class AggregatorLedger:
+    """Every job's aggregator grants; capacity comes from the cluster's ToRs."""
+
+    grants: tuple[AggregatorGrant, ...] = ()
+
+    def used_gbps(self, tor_id: str) -> float:
+        """Gb/s of `tor_id`'s aggregator held by all jobs."""
+        return sum(g.gbps for g in self.grants if g.tor_id == tor_id)
+
+    def free_gbps(self, cluster: Cluster, tor_id: str) -> float:
+        """Gb/s of `tor_id`'s aggregator nobody holds."""
+        return max(0.0, cluster.tors_by_id[tor_id].aggregator_gbps - self.used_gbps(tor_id))
+
+    def of_job(self, job_id: str) -> tuple[AggregatorGrant, ...]:
+        return tuple(g for g in self.grants if g.job_id == job_id)
+
+    def release(self, job_id: str) -> AggregatorLedger:
+        """The ledger without `job_id`'s grants (on completion or re-plan)."""
+        return AggregatorLedger(tuple(g for g in self.grants if g.job_id != job_id))
+
+    def reserve(self, cluster: Cluster, grants: Iterable[AggregatorGrant]) -> AggregatorLedger:
+        """The ledger with `grants` added; a grant beyond capacity is a bug (ValueError)."""
+        new = self.grants + tuple(grants)
+        out = AggregatorLedger(new)
+        for tor_id in {g.tor_id for g in new}:
+            if out.used_gbps(tor_id) > cluster.tors_by_id[tor_id].aggregator_gbps * (1 + 1e-9):
+                raise ValueError(f"aggregator capacity of {tor_id} exceeded")
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class CollectiveChoice:
+    """The AllReduce plan of one job: algorithm, INC grants, estimated time and why."""
+
+    job_id: str
+    algorithm: str
+    inc: bool
+    aggregators: tuple[str, ...]
+    grants: tuple[AggregatorGrant, ...]
+    estimated_allreduce_s: float
+    reason: str
+    costs: tuple[tuple[str, float], ...] = ()
+    root_tors: tuple[tuple[int, str], ...] = ()  # INC: (DP group index, pod-level root ToR)
+
+    def to_dict(self) -> dict[str, object]:
+        """The `collective` field of GET /v1/jobs/{id} (non-finite times become null)."""
+        est = self.estimated_allreduce_s
+        return {
+            "algorithm": self.algorithm,
+            "inc": self.inc,
+            "aggregators": list(self.aggregators),
+            "estimated_allreduce_s": est if math.isfinite(est) else None,
+            "reason": self.reason,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class _IncOffer:
+    """What INC would give this job now: per-stream rate, grants, levels, roots."""
+
+    rate_gbps: float
+    grants: tuple[AggregatorGrant, ...]
+    levels: int
+    root_tors: tuple[tuple[int, str], ...]
+    why_not: str
+
+
+def _pair(p: str, q: str) -> tuple[str, str]:
+    return (p, q) if p < q else (q, p)
+
+
+def _per_flow_bps(
+    cluster: Cluster,
+    crossings: Counter[tuple[str, str]],
+    pod_gbps: Mapping[tuple[str, str], float] | None,
+) -> float:
+    """Bandwidth per flow on the most loaded pod pair (directed flow counts, duplex circuits)."""
+    server = gbps_to_bytes_per_s(cluster.server_gbps)
+    if pod_gbps is None or not crossings:
+        return server
+    worst = min(pod_gbps.get(_pair(p, q), 0.0) / count for (p, q), count in crossings.items())
+    return min(server, gbps_to_bytes_per_s(worst))
+
+
+def _ring_crossings(cluster: Cluster, rings: Iterable[Sequence[str]]) -> Counter[tuple[str, str]]:
+    """Directed pod pairs crossed by ring edges member i -> i+1 (wrapping)."""
+    out: Counter[tuple[str, str]] = Counter()
+    for ring in rings:
+        pods = [cluster.server(s).pod_id for s in ring]
+        if len(pods) > 1:
+            for a, b in zip(pods, pods[1:] + pods[:1], strict=True):
+                if a != b:
+                    out[(a, b)] += 1
+    return out
+
+
+def _pod_groups(cluster: Cluster, members: Sequence[str]) -> list[list[str]]:
+    """Members split by pod, or by ToR when they share one pod."""
+    by_pod: dict[str, list[str]] = {}
+    for s in members:
+        by_pod.setdefault(cluster.server(s).pod_id, []).append(s)
+    if len(by_pod) > 1:
+        return list(by_pod.values())
+    by_tor: dict[str, list[str]] = {}
+    for s in members:
+        by_tor.setdefault(cluster.server(s).tor_id, []).append(s)
+    return list(by_tor.values())
+
+
+def _inc_offer(
+    cluster: Cluster,
+    job_id: str,
+    groups: Sequence[Sequence[str]],
+    ledger: AggregatorLedger,
+    pod_gbps: Mapping[tuple[str, str], float] | None,
+) -> _IncOffer:
+    """The INC rate the free aggregators allow: r = min(NIC, free_t / streams_t, circuits)."""
+    free = ledger.release(job_id)
+    streams: Counter[str] = Counter()
+    crossings: Counter[tuple[str, str]] = Counter()
+    roots: list[tuple[int, str]] = []
+    levels = 1
+    for i, members in enumerate(groups):
+        tors = Counter(cluster.server(s).tor_id for s in members)
+        streams.update(tors)
+        if len(tors) > 1:
+            levels = 2
+            # pod-level root: the ToR with most members, then most free aggregator
+            root = max(tors, key=lambda t: (tors[t], free.free_gbps(cluster, t), t))
+            roots.append((i, root))
+            root_pod = cluster.tors_by_id[root].pod_id
+            for t in tors:
+                if t != root:
+                    streams[root] += 1
+                    pod = cluster.tors_by_id[t].pod_id
+                    if pod != root_pod:
+                        crossings[(pod, root_pod)] += 1
+    rate = cluster.server_gbps
+    full = []
+    for tor_id, n in sorted(streams.items()):
+        avail = free.free_gbps(cluster, tor_id)
+        cap = cluster.tors_by_id[tor_id].aggregator_gbps
+        if avail / n < MIN_INC_SHARE * cluster.server_gbps:
+            full.append(f"{tor_id} {avail:g}/{cap:g} Gbps free for {n} streams")
+        rate = min(rate, avail / n)
+    if pod_gbps is not None and crossings:
+        rate = min(rate, _per_flow_bps(cluster, crossings, pod_gbps) * 8 / 1e9)
+    if full:
+        return _IncOffer(0.0, (), levels, tuple(roots), f"{REASON_AGG_FULL}: " + "; ".join(full))
+    if rate <= 0:
+        return _IncOffer(0.0, (), levels, tuple(roots), "no optical circuits to the INC root")
+    grants = tuple(
+        AggregatorGrant(t, job_id, min(n * rate, free.free_gbps(cluster, t)))
+        for t, n in sorted(streams.items())
+    )
+    return _IncOffer(rate, grants, levels, tuple(roots), "")
+
+
+def estimate_costs(
+    cluster: Cluster,
+    job: Job,
+    placement: Placement,
+    ledger: AggregatorLedger,
+    pod_gbps: Mapping[tuple[str, str], float] | None = None,
+    size_bytes: float | None = None,
+) -> tuple[dict[str, float], _IncOffer]:
+    """Seconds per algorithm for the job's slowest DP group, and the INC offer behind it."""
+    size = gradient_bytes(job) if size_bytes is None else size_bytes
+    groups = dp_groups(cluster, placement)
+    server = gbps_to_bytes_per_s(cluster.server_gbps)
+    ring_b = _per_flow_bps(cluster, _ring_crossings(cluster, groups), pod_gbps)
+    split = [_pod_groups(cluster, g) for g in groups]
+    shards = [min(len(x) for x in parts) for parts in split]
+    inter = _ring_crossings(
+        cluster,
+        (
+            [part[k] for part in parts]
+            for parts, n in zip(split, shards, strict=True)
+            for k in range(n)
+        ),
+    )
+    inter_b = _per_flow_bps(cluster, inter, pod_gbps)
+    offer = _inc_offer(cluster, job.job_id, groups, ledger, pod_gbps)
+    costs = {
+        ALGO_RING: max((ring_time_s(len(g), size, ring_b) for g in groups), default=0.0),
+        ALGO_TREE: max((tree_time_s(len(g), size, ring_b) for g in groups), default=0.0),
+        ALGO_HIERARCHICAL_RING: max(
+            (hierarchical_ring_time_s([len(x) for x in p], size, server, inter_b) for p in split),
+            default=0.0,
+        ),
+        ALGO_INC: inc_time_s(size, gbps_to_bytes_per_s(offer.rate_gbps), offer.levels)
+        if not offer.why_not
+        else math.inf,
+    }
+    return costs, offer
+
+
+def choose_collective(
+    cluster: Cluster,
+    job: Job,
+    placement: Placement,
+    ledger: AggregatorLedger,
+    pod_gbps: Mapping[tuple[str, str], float] | None = None,
+    size_bytes: float | None = None,
+) -> CollectiveChoice:
+    """Honour a forced `job.collective`, else pick the cheapest; INC falls back when full.
+
+    `pod_gbps` maps sorted pod pairs to the circuit Gb/s this job may use between
+    them; None assumes circuits at NIC rate (before circuits are planned).
+    """
+    costs, offer = estimate_costs(cluster, job, placement, ledger, pod_gbps, size_bytes)
+    ordered = tuple(sorted(costs.items(), key=lambda kv: kv[0]))
+    groups = dp_groups(cluster, placement)
+    if all(len(g) <= 1 for g in groups):
+        return CollectiveChoice(job.job_id, ALGO_RING, False, (), (), 0.0, REASON_SINGLE, ordered)
+    forced = job.collective
+    if forced != Collective.AUTO and forced != Collective.INC:
+        algo = str(forced.value)
+        return _choice(job, algo, costs, offer, f"forced by the job: {algo}", ordered)
+    if forced == Collective.INC:
+        if not offer.why_not:
+            return _choice(job, ALGO_INC, costs, offer, "forced by the job: inc", ordered)
+        algo = min((ALGO_RING, ALGO_TREE), key=lambda a: (costs[a], a))
+        why = f"inc forced but unavailable ({offer.why_not}); fell back to {algo}"
+        return _choice(job, algo, costs, offer, why, ordered)
+    preference = (ALGO_INC, ALGO_RING, ALGO_TREE, ALGO_HIERARCHICAL_RING)  # ties: simplest
+    algo = min(costs, key=lambda a: (costs[a], preference.index(a)))
+    others = ", ".join(f"{a} {costs[a]:.4g}s" for a in preference if a != algo)
+    why = f"auto: {algo} {costs[algo]:.4g}s is cheapest ({others})"
+    if offer.why_not:
+        why += f"; inc unavailable: {offer.why_not}"
+    return _choice(job, algo, costs, offer, why, ordered)
+
+
+def _choice(
+    job: Job,
+    algo: str,
+    costs: Mapping[str, float],
+    offer: _IncOffer,
+    reason: str,
+    ordered: tuple[tuple[str, float], ...],
+) -> CollectiveChoice:
+    inc = algo == ALGO_INC
+    grants = offer.grants if inc else ()
+    return CollectiveChoice(
+        job.job_id,
+        algo,
+        inc,
+        tuple(sorted({g.tor_id for g in grants})),
+        grants,
+        costs[algo],
+        reason,
+        ordered,
+        offer.root_tors if inc else (),
+    )
+
+
+def reestimate(
+    choice: CollectiveChoice,
+    cluster: Cluster,
+    job: Job,
+    placement: Placement,
+    pod_gbps: Mapping[tuple[str, str], float],
+) -> CollectiveChoice:
+    """The same choice with its time recomputed on the circuits it actually got."""
+    if choice.estimated_allreduce_s == 0.0:
+        return choice
+    ledger = AggregatorLedger(tuple(g for g in choice.grants))
+    # INC keeps exactly its grants: offer against a ledger holding only them
+    free_ledger = AggregatorLedger(
+        tuple(
+            AggregatorGrant(t.id, "", t.aggregator_gbps - ledger.used_gbps(t.id))
+            for t in (cluster.tors_by_id[x] for x in choice.aggregators)
+        )
+    )
+    costs, _ = estimate_costs(
+        cluster, job, placement, free_ledger if choice.inc else ledger, pod_gbps
+    )
+    est = costs[choice.algorithm]
+    return CollectiveChoice(
+        choice.job_id,
+        choice.algorithm,
+        choice.inc,
+        choice.aggregators,
+        choice.grants,
+        est,
+        choice.reason,
+        choice.costs,
+        choice.root_tors,
+    )

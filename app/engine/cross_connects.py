@@ -1,0 +1,169 @@
+"""Concrete cross-connects: circuit matrices mapped onto OXC port pairs, with minimal change.
+
+Pure functions; must not import anything that does I/O (no FastAPI, SQLAlchemy,
+Redis, pydantic) or read a clock.
+
+A cross-connect joins two ports of one OXC, each wired to a pod's uplink, so a
+circuit between pods p and q needs an OXC where both still have a free port.
+`map_cross_connects` keeps every existing cross-connect that still serves its
+job's wanted circuits, then places the missing circuits on the OXC where both
+pods have the most free ports (balancing keeps later circuits placeable).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from .circuits import PodCircuits
+from .cluster import Cluster
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class CrossConnect:
+    """Ports `port_a` < `port_b` of OXC `oxc_id` joined for `job_id`'s circuit."""
+
+    oxc_id: str
+    port_a: int
+    port_b: int
+    job_id: str
+
+    def __post_init__(self) -> None:
+        if not self.port_a < self.port_b:
+            raise ValueError("a cross-connect joins two distinct ports, port_a < port_b")
+
+    @staticmethod
+    def of(oxc_id: str, a: int, b: int, job_id: str) -> CrossConnect:
+        """A cross-connect with its ports in canonical (ascending) order."""
+        return CrossConnect(oxc_id, min(a, b), max(a, b), job_id)
+
+    @property
+    def key(self) -> tuple[str, int, int]:
+        """The physical identity: which ports are joined, whoever it is for."""
+        return (self.oxc_id, self.port_a, self.port_b)
+
+
+@dataclass(frozen=True, slots=True)
+class OxcChange:
+    """Port pairs one OXC must connect and disconnect."""
+
+    oxc_id: str
+    connect: tuple[tuple[int, int], ...]
+    disconnect: tuple[tuple[int, int], ...]
+
+    def to_dict(self) -> dict[str, object]:
+        """The `oxc` object of a GET /v1/decisions entry."""
+        return {
+            "id": self.oxc_id,
+            "connect": [list(p) for p in self.connect],
+            "disconnect": [list(p) for p in self.disconnect],
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class CrossConnectMapping:
+    """Desired cross-connects, circuits no OXC could hold, and change counts."""
+
+    cross_connects: tuple[CrossConnect, ...]
+    unmapped: tuple[tuple[str, str, str, int], ...]  # (job_id, pod_a, pod_b, circuits)
+    kept: int
+    added: int
+
+
+def port_pods(cluster: Cluster) -> dict[tuple[str, int], str]:
+    """(oxc_id, port) -> the pod whose uplink is wired there."""
+    return {
+        (o.id, port): pod
+        for o in cluster.oxcs
+        for pod, ports in o.pod_ports.items()
+        for port in ports
+    }
+
+
+def realised_circuits(
+    cluster: Cluster, cross_connects: Iterable[CrossConnect], job_id: str | None = None
+) -> PodCircuits:
+    """The pod circuit matrix the cross-connects make (of one job, or all)."""
+    where = port_pods(cluster)
+    pairs = []
+    for cc in cross_connects:
+        if job_id is not None and cc.job_id != job_id:
+            continue
+        a, b = where.get((cc.oxc_id, cc.port_a)), where.get((cc.oxc_id, cc.port_b))
+        if a is not None and b is not None and a != b:
+            pairs.append((a, b, 1))
+    return PodCircuits.from_pairs(tuple(p.id for p in cluster.pods), pairs)
+
+
+def map_cross_connects(
+    cluster: Cluster,
+    wanted: Mapping[str, PodCircuits],
+    current: Iterable[CrossConnect],
+) -> CrossConnectMapping:
+    """Cross-connects realising each job's wanted circuits, keeping current ones that fit.
+
+    Current cross-connects of jobs not in `wanted`, or beyond a job's wanted count
+    for their pod pair, are dropped. Circuits no OXC has free ports for are
+    reported in `unmapped`, never placed on a used port.
+    """
+    where = port_pods(cluster)
+    need: dict[str, dict[tuple[str, str], int]] = {
+        job: {(a, b): n for a, b, n in circ.pairs()} for job, circ in wanted.items()
+    }
+    kept: list[CrossConnect] = []
+    used: set[tuple[str, int]] = set()
+    for cc in sorted(set(current)):
+        a, b = where.get((cc.oxc_id, cc.port_a)), where.get((cc.oxc_id, cc.port_b))
+        if a is None or b is None or a == b or cc.job_id not in need:
+            continue
+        if (cc.oxc_id, cc.port_a) in used or (cc.oxc_id, cc.port_b) in used:
+            continue
+        pair = (a, b) if (a, b) in need[cc.job_id] else (b, a)
+        if need[cc.job_id].get(pair, 0) > 0:
+            need[cc.job_id][pair] -= 1
+            kept.append(cc)
+            used.update({(cc.oxc_id, cc.port_a), (cc.oxc_id, cc.port_b)})
+    free: dict[tuple[str, str], list[int]] = defaultdict(list)
+    for o in cluster.oxcs:
+        for pod, ports in o.pod_ports.items():
+            # descending, so pop() hands out the lowest free port
+            free[(o.id, pod)] = sorted((p for p in ports if (o.id, p) not in used), reverse=True)
+    oxc_ids = [o.id for o in cluster.oxcs]
+    added: list[CrossConnect] = []
+    unmapped: list[tuple[str, str, str, int]] = []
+    for job in sorted(need):
+        for (a, b), n in sorted(need[job].items(), key=lambda kv: (-kv[1], kv[0])):
+            for k in range(n):
+                best = max(
+                    oxc_ids,
+                    key=lambda o: (min(len(free[(o, a)]), len(free[(o, b)])), -oxc_ids.index(o)),
+                )
+                if not free[(best, a)] or not free[(best, b)]:
+                    unmapped.append((job, a, b, n - k))
+                    break
+                added.append(
+                    CrossConnect.of(best, free[(best, a)].pop(), free[(best, b)].pop(), job)
+                )
+    return CrossConnectMapping(tuple(sorted(kept + added)), tuple(unmapped), len(kept), len(added))
+
+
+def diff_cross_connects(
+    current: Iterable[CrossConnect], desired: Iterable[CrossConnect]
+) -> tuple[OxcChange, ...]:
+    """Per OXC, the port pairs to disconnect and connect to go from `current` to `desired`.
+
+    Identity is physical (oxc, port_a, port_b): re-tagging a cross-connect to
+    another job changes nothing on the switch.
+    """
+    now = {cc.key for cc in current}
+    want = {cc.key for cc in desired}
+    oxcs = sorted({k[0] for k in now ^ want})
+    return tuple(
+        OxcChange(
+            o,
+            tuple(sorted((a, b) for ox, a, b in want - now if ox == o)),
+            tuple(sorted((a, b) for ox, a, b in now - want if ox == o)),
+        )
+        for o in oxcs
+    )

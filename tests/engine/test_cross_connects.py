@@ -1,0 +1,108 @@
+"""Mapping circuits onto OXC ports with minimal change, and diffs."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from app.engine.circuits import PodCircuits
+from app.engine.cluster import preset
+from app.engine.cross_connects import (
+    CrossConnect,
+    diff_cross_connects,
+    map_cross_connects,
+    port_pods,
+    realised_circuits,
+)
+
+SMALL = preset("small")
+PODS = tuple(p.id for p in SMALL.pods)
+
+
+@st.composite
+def wanted_circuits(draw: st.DrawFn) -> dict[str, PodCircuits]:
+    jobs = draw(st.integers(1, 3))
+    out = {}
+    for k in range(jobs):
+        pairs = [
+            (PODS[i], PODS[j], draw(st.integers(0, 6)))
+            for i in range(len(PODS))
+            for j in range(i + 1, len(PODS))
+        ]
+        out[f"job-{k}"] = PodCircuits.from_pairs(PODS, pairs)
+    return out
+
+
+def _check(mapping_ccs: tuple[CrossConnect, ...]) -> None:
+    where = port_pods(SMALL)
+    seen: set[tuple[str, int]] = set()
+    for cc in mapping_ccs:
+        for port in (cc.port_a, cc.port_b):
+            assert (cc.oxc_id, port) in where  # a wired port
+            assert (cc.oxc_id, port) not in seen  # no port in two cross-connects
+            seen.add((cc.oxc_id, port))
+    for pod in SMALL.pods:  # port budgets
+        assert realised_circuits(SMALL, mapping_ccs).row_sum(pod.id) <= pod.uplink_ports
+
+
+@settings(max_examples=60, deadline=None)
+@given(wanted_circuits(), wanted_circuits())
+def test_mapping_is_valid_and_minimal_change(
+    first: dict[str, PodCircuits], second: dict[str, PodCircuits]
+) -> None:
+    m1 = map_cross_connects(SMALL, first, ())
+    _check(m1.cross_connects)
+    for job in first:  # each job gets at most what it asked for, per pair
+        got = realised_circuits(SMALL, m1.cross_connects, job)
+        for a, b, n in got.pairs():
+            assert n <= first[job].get(a, b)
+    # job-0 keeps its wanted circuits; other jobs change: job-0 is not disturbed
+    changed = dict(second)
+    changed["job-0"] = first["job-0"]
+    m2 = map_cross_connects(SMALL, changed, m1.cross_connects)
+    _check(m2.cross_connects)
+    before = {cc for cc in m1.cross_connects if cc.job_id == "job-0"}
+    after = {cc for cc in m2.cross_connects if cc.job_id == "job-0"}
+    assert before <= after
+    # mapping the same wish again changes nothing
+    m3 = map_cross_connects(SMALL, changed, m2.cross_connects)
+    assert m3.cross_connects == m2.cross_connects and m3.added == 0
+    assert diff_cross_connects(m2.cross_connects, m3.cross_connects) == ()
+
+
+def test_full_budget_fits_and_realises_exactly() -> None:
+    # each of 4 pods: 16 ports; a uniform 16-port wish (6 or 5 per peer... ) fits
+    wish = PodCircuits.from_pairs(
+        PODS, [(PODS[i], PODS[j], 5) for i in range(4) for j in range(i + 1, 4)]
+    )
+    m = map_cross_connects(SMALL, {"j": wish}, ())
+    assert not m.unmapped
+    assert realised_circuits(SMALL, m.cross_connects) == wish
+
+
+def test_over_budget_is_reported_unmapped() -> None:
+    wish = PodCircuits.from_pairs(PODS, [("pod-0", "pod-1", 20)])
+    m = map_cross_connects(SMALL, {"j": wish}, ())
+    assert m.unmapped == (("j", "pod-0", "pod-1", 4),)
+    assert realised_circuits(SMALL, m.cross_connects).get("pod-0", "pod-1") == 16
+
+
+def test_diff_connects_and_disconnects_per_oxc() -> None:
+    a = CrossConnect.of("oxc-0", 5, 1, "j")
+    b = CrossConnect.of("oxc-1", 2, 20, "j")
+    c = CrossConnect.of("oxc-1", 3, 21, "k")
+    changes = diff_cross_connects([a, b], [b, c])
+    assert [ch.to_dict() for ch in changes] == [
+        {"id": "oxc-0", "connect": [], "disconnect": [[1, 5]]},
+        {"id": "oxc-1", "connect": [[3, 21]], "disconnect": []},
+    ]
+    # re-tagging is not a physical change
+    assert diff_cross_connects([a], [CrossConnect.of("oxc-0", 1, 5, "other")]) == ()
+
+
+def test_dropped_job_cross_connects_are_removed() -> None:
+    wish = PodCircuits.from_pairs(PODS, [("pod-0", "pod-1", 2)])
+    m = map_cross_connects(SMALL, {"gone": wish, "stay": wish}, ())
+    m2 = map_cross_connects(SMALL, {"stay": wish}, m.cross_connects)
+    assert {cc.job_id for cc in m2.cross_connects} == {"stay"}
+    assert m2.added == 0
