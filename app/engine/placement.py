@@ -153,6 +153,7 @@ def _choose_slots(
         need,
         # Tail tie-break: leave the least free servers behind in that pod.
         tail_key=lambda p, cap: (pod_free[p.id] - need * ep, p.id),
+        largest_first=True,
     )
     slots: list[_Slot] = []
     remaining = need
@@ -161,6 +162,7 @@ def _choose_slots(
             [(t, len(free_by_tor[t.id]) // ep) for t in pod.tors],
             take,
             tail_key=lambda t, cap: (len(free_by_tor[t.id]), -agg.get(t.id, t.aggregator_gbps)),
+            largest_first=False,
         )
         for tor, k in tors:
             slots.extend(_slots_in(tor, free_by_tor[tor.id], k, ep))
@@ -199,15 +201,19 @@ def _pick(
     capacities: Sequence[tuple[_C, int]],
     need: int,
     tail_key: Callable[[_C, int], tuple[object, ...]],
+    *,
+    largest_first: bool,
 ) -> list[tuple[_C, int]]:
-    """Containers and how many groups each takes: largest first, best-fit for the tail.
+    """Containers and how many groups each takes; best-fit for the tail.
 
-    Taking the largest containers whole touches the fewest of them (fewest pods:
-    fewest circuits; fewest ToRs: fewest aggregators); the remainder goes into the
-    smallest container that still holds it, so fragments are consumed first and
-    whole containers stay whole.
+    Until one container holds the remainder, whole containers are taken: the
+    largest first for pods (fewest pods, fewest circuits), the smallest first for
+    ToRs (a pod is non-blocking, so using scraps costs nothing there and keeps
+    whole ToRs for wide EP groups later). The remainder goes into the smallest
+    container that holds it, so whole containers stay whole.
     """
-    pool = sorted((c for c in capacities if c[1] > 0), key=lambda c: -c[1])
+    sign = -1 if largest_first else 1
+    pool = sorted((c for c in capacities if c[1] > 0), key=lambda c: sign * c[1])
     chosen: list[tuple[_C, int]] = []
     remaining = need
     while remaining > 0:
