@@ -1,0 +1,442 @@
+"""The multi-job fabric plan: collectives, port slices, cross-connects and routing per job.
+
+Pure functions; must not import anything that does I/O (no FastAPI, SQLAlchemy,
+Redis, pydantic) or read a clock. The worker and the simulator call
+`plan_fabric` on every arrival and completion and `diff_plans` for the decisions
+to log; the cycle predictor calls `plan_topology` per observed phase.
+
+Slices (the vClos idea): each job with inter-pod traffic gets an isolated quota
+of uplink ports on the pods it spans, sized to its servers' cross-pod NIC
+bandwidth (servers * server_gbps / port_gbps), capped by the free ports. A job
+whose pods cannot spare one port per peer pod is put in time division: such
+jobs share the ports no slice holds and take turns (the first in turn order
+holds the circuits now; `tdm_active` rotates it). A job keeps its slice, its
+collective and its cross-connects while its placement is unchanged, so an
+arrival or completion never disturbs the other jobs.
+
+The installed topology of a job is planned for its pp+dp demand together (the
+steady wiring between phase changes); per-phase plans are in `phase_plans` for
+the predictor to switch between inside the same slice.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from .circuits import CircuitPlan, PodCircuits, evaluate_circuits, plan_circuits
+from .cluster import Cluster
+from .collective import AggregatorLedger, CollectiveChoice, choose_collective, reestimate
+from .cross_connects import (
+    CrossConnect,
+    OxcChange,
+    diff_cross_connects,
+    map_cross_connects,
+    realised_circuits,
+)
+from .job import Job, Placement
+from .traffic import PHASE_DP, PHASE_PP, DemandMatrix, Flow, PhaseTraffic, job_traffic
+
+MODE_ISOLATED = "isolated"
+MODE_TIME_DIVISION = "time_division"
+MODE_NONE = "none"  # no inter-pod traffic: no ports needed
+
+
+@dataclass(frozen=True, slots=True)
+class PlacedJob:
+    """A job and where it runs: the input unit of `plan_fabric`."""
+
+    job: Job
+    placement: Placement
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """The source route of one flow: pod ids from the source's pod to the destination's."""
+
+    src: str
+    dst: str
+    path: tuple[str, ...]
+
+    def to_dict(self) -> dict[str, object]:
+        return {"src": self.src, "dst": self.dst, "path": list(self.path)}
+
+
+@dataclass(frozen=True, slots=True)
+class RoutingDecision:
+    """The routing header of one job and phase: algorithm, INC, aggregators, routes."""
+
+    job_id: str
+    phase: str
+    algorithm: str
+    inc: bool
+    aggregators: tuple[str, ...]
+    routes: tuple[Route, ...]
+
+    def to_dict(self) -> dict[str, object]:
+        """The `routing` object of a GET /v1/decisions entry."""
+        return {
+            "phase": self.phase,
+            "algorithm": self.algorithm,
+            "inc": self.inc,
+            "aggregators": list(self.aggregators),
+            "routes": [r.to_dict() for r in self.routes],
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class JobSlice:
+    """The OXC ports a job may use: isolated quota per pod, time division, or none."""
+
+    job_id: str
+    mode: str
+    pod_ports: tuple[tuple[str, int], ...]
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class JobFabric:
+    """Everything the fabric decided for one job."""
+
+    job_id: str
+    placement: Placement
+    collective: CollectiveChoice
+    slice: JobSlice
+    plan: CircuitPlan  # the installed (pp+dp) topology, evaluated on realised circuits
+    phase_plans: tuple[tuple[str, CircuitPlan], ...]
+    circuits: PodCircuits  # realised by this job's cross-connects (empty while off-turn)
+    routing: tuple[RoutingDecision, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class FabricPlan:
+    """The whole fabric: per-job decisions, desired cross-connects, circuits and MLU."""
+
+    jobs: tuple[JobFabric, ...]
+    cross_connects: tuple[CrossConnect, ...]
+    pod_circuits: PodCircuits
+    mlu: float
+    aggregators: AggregatorLedger
+    time_division: tuple[str, ...]  # turn order; the first holds the shared ports now
+    unmapped: tuple[tuple[str, str, str, int], ...]
+
+    def job(self, job_id: str) -> JobFabric | None:
+        """The job's entry, or None."""
+        return next((j for j in self.jobs if j.job_id == job_id), None)
+
+    def topology_dict(self) -> dict[str, object]:
+        """The desired half of GET /v1/topology: pod_circuits and cross-connects per OXC."""
+        by_oxc: dict[str, list[dict[str, object]]] = defaultdict(list)
+        for cc in self.cross_connects:
+            by_oxc[cc.oxc_id].append({"a": cc.port_a, "b": cc.port_b, "job_id": cc.job_id})
+        return {
+            "pod_circuits": self.pod_circuits.to_dict(),
+            "oxcs": [{"id": o, "cross_connects": v} for o, v in sorted(by_oxc.items())],
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """One decision-log entry (without seq/at, which the store assigns)."""
+
+    kind: str  # "oxc" | "routing"
+    job_id: str | None
+    reason: str
+    oxc: OxcChange | None = None
+    routing: RoutingDecision | None = None
+
+    def to_dict(self) -> dict[str, object]:
+        """The GET /v1/decisions entry shape, minus seq and at."""
+        return {
+            "kind": self.kind,
+            "job_id": self.job_id,
+            "reason": self.reason,
+            "oxc": self.oxc.to_dict() if self.oxc else None,
+            "routing": self.routing.to_dict() if self.routing else None,
+        }
+
+
+def plan_topology(
+    cluster: Cluster, pod_demand: DemandMatrix, ports: Mapping[str, int] | None = None
+) -> CircuitPlan:
+    """The circuit plan for one phase's pod demand within `ports` (default: all uplinks)."""
+    budget = dict(ports) if ports is not None else {p.id: p.uplink_ports for p in cluster.pods}
+    return plan_circuits(pod_demand, budget, cluster.nic_gbps)
+
+
+def _cross_pod_ports(
+    cluster: Cluster, demand: DemandMatrix, placement: Placement
+) -> dict[str, int]:
+    """Ports per pod that make the job's cross-pod traffic non-blocking (servers * NICs)."""
+    active = {p for p, q, _ in demand.entries()} | {q for _, q, _ in demand.entries()}
+    servers: dict[str, int] = defaultdict(int)
+    for s in placement.servers:
+        pod = cluster.server(s).pod_id
+        if pod in active:
+            servers[pod] += 1
+    per_server = max(1, round(cluster.server_gbps / cluster.nic_gbps))
+    return {p: n * per_server for p, n in servers.items()}
+
+
+def _peers(demand: DemandMatrix) -> dict[str, int]:
+    """Distinct peer pods per pod (a slice needs a port for each)."""
+    peers: dict[str, set[str]] = defaultdict(set)
+    for p, q, _ in demand.entries():
+        peers[p].add(q)
+        peers[q].add(p)
+    return {p: len(v) for p, v in peers.items()}
+
+
+def _slice(
+    cluster: Cluster, job_id: str, demand: DemandMatrix, placement: Placement, free: dict[str, int]
+) -> JobSlice:
+    """An isolated quota from `free` (which it decrements) or time division, and why."""
+    need = _peers(demand)
+    if not need:
+        return JobSlice(job_id, MODE_NONE, (), "no inter-pod traffic")
+    short = sorted(p for p, n in need.items() if free.get(p, 0) < n)
+    if short:
+        why = "too few free uplink ports for an isolated slice on " + ", ".join(short)
+        return JobSlice(job_id, MODE_TIME_DIVISION, (), why)
+    want = _cross_pod_ports(cluster, demand, placement)
+    quota = {p: max(need[p], min(free[p], want.get(p, 0))) for p in need}
+    for p, n in quota.items():
+        free[p] -= n
+    return JobSlice(job_id, MODE_ISOLATED, tuple(sorted(quota.items())), "vClos slice")
+
+
+def _routes(cluster: Cluster, flows: Sequence[Flow], plan: CircuitPlan) -> tuple[Route, ...]:
+    """One path per flow: same-pod flows stay in the pod; others follow the plan's shares."""
+    paths: dict[tuple[str, str], list[tuple[str, ...]]] = defaultdict(list)
+    left: dict[tuple[str, str], list[float]] = defaultdict(list)
+    for r in sorted(plan.routes, key=lambda r: -r.size_bytes):
+        paths[(r.src, r.dst)].append(r.path)
+        left[(r.src, r.dst)].append(r.size_bytes)
+    out = []
+    for f in flows:
+        src = _pod(cluster, f.src)
+        dst = _pod(cluster, f.dst)
+        if src is None or dst is None:
+            continue
+        path: tuple[str, ...] = (src,) if src == dst else (src, dst)
+        bytes_left = left.get((src, dst))
+        if bytes_left:
+            # the path with most bytes still unassigned takes the flow
+            k = max(range(len(bytes_left)), key=bytes_left.__getitem__)
+            path = paths[(src, dst)][k]
+            bytes_left[k] -= f.size_bytes
+        out.append(Route(f.src, f.dst, path))
+    return tuple(out)
+
+
+def _pod(cluster: Cluster, endpoint: str) -> str | None:
+    if cluster.has_server(endpoint):
+        return cluster.server(endpoint).pod_id
+    tor = cluster.tors_by_id.get(endpoint)
+    return tor.pod_id if tor else None
+
+
+@dataclass(frozen=True, slots=True)
+class _Draft:
+    job: Job
+    placement: Placement
+    collective: CollectiveChoice
+    slice: JobSlice
+    traffic: tuple[PhaseTraffic, ...]
+    combined: DemandMatrix
+    plan: CircuitPlan
+    phase_plans: tuple[tuple[str, CircuitPlan], ...]
+    reused: JobFabric | None
+
+
+def plan_fabric(
+    cluster: Cluster,
+    jobs: Sequence[PlacedJob],
+    current: Iterable[CrossConnect],
+    aggregators: AggregatorLedger,
+    previous: FabricPlan | None = None,
+    tdm_active: str | None = None,
+) -> FabricPlan:
+    """Plan every placed job's collective, slice, cross-connects and routing.
+
+    `jobs` in arrival order (earlier jobs keep priority for ports). Jobs whose
+    placement equals their entry in `previous` keep collective, slice and circuits.
+    `current` is what the OXCs hold; changes to it are minimal.
+    """
+    present = {pj.job.job_id for pj in jobs}
+    ledger = AggregatorLedger(tuple(g for g in aggregators.grants if g.job_id in present))
+    prev = {j.job_id: j for j in previous.jobs} if previous else {}
+    kept = {
+        pj.job.job_id: prev[pj.job.job_id]
+        for pj in jobs
+        if pj.job.job_id in prev and prev[pj.job.job_id].placement == pj.placement
+    }
+    free = {p.id: p.uplink_ports for p in cluster.pods}
+    for jf in kept.values():
+        if jf.slice.mode == MODE_ISOLATED:
+            for p, n in jf.slice.pod_ports:
+                free[p] -= n
+    drafts: list[_Draft] = []
+    for pj in jobs:
+        job_id = pj.job.job_id
+        old = kept.get(job_id)
+        if old is not None and old.slice.mode != MODE_TIME_DIVISION:
+            ledger = ledger.release(job_id).reserve(cluster, old.collective.grants)
+            drafts.append(
+                _Draft(
+                    pj.job,
+                    pj.placement,
+                    old.collective,
+                    old.slice,
+                    (),
+                    DemandMatrix((), ()),
+                    old.plan,
+                    old.phase_plans,
+                    old,
+                )
+            )
+            continue
+        ledger = ledger.release(job_id)
+        choice = choose_collective(cluster, pj.job, pj.placement, ledger)
+        ledger = ledger.reserve(cluster, choice.grants)
+        traffic = job_traffic(
+            cluster, pj.job, pj.placement, choice.algorithm, dict(choice.root_tors)
+        )
+        phases = {t.phase: t.pod_demand for t in traffic}
+        combined = phases[PHASE_PP].plus(phases[PHASE_DP])
+        slc = _slice(cluster, job_id, combined, pj.placement, free)
+        drafts.append(
+            _Draft(pj.job, pj.placement, choice, slc, traffic, combined, _EMPTY_PLAN, (), None)
+        )
+    # time division shares what no isolated slice holds
+    pool = dict(free)
+    tdm = [d.job.job_id for d in drafts if d.slice.mode == MODE_TIME_DIVISION]
+    if tdm_active in tdm:
+        i = tdm.index(tdm_active)
+        tdm = tdm[i:] + tdm[:i]
+    wanted: dict[str, PodCircuits] = {}
+    planned: list[_Draft] = []
+    for d in drafts:
+        if d.reused is None and d.slice.mode != MODE_NONE:
+            budget = dict(d.slice.pod_ports) if d.slice.mode == MODE_ISOLATED else pool
+            plan = plan_circuits(_restrict(d.combined), budget, cluster.nic_gbps)
+            phase_plans = tuple(
+                (t.phase, plan_circuits(_restrict(t.pod_demand), budget, cluster.nic_gbps))
+                for t in d.traffic
+                if t.phase in (PHASE_PP, PHASE_DP)
+            )
+            d = _replace_plan(d, plan, phase_plans)
+        planned.append(d)
+        installs = d.slice.mode == MODE_ISOLATED or (tdm and tdm[0] == d.job.job_id)
+        if installs and d.plan.circuits.total:
+            wanted[d.job.job_id] = d.plan.circuits
+    mapping = map_cross_connects(cluster, wanted, current)
+    by_job: dict[str, list[CrossConnect]] = defaultdict(list)
+    for cc in mapping.cross_connects:
+        by_job[cc.job_id].append(cc)
+    out: list[JobFabric] = []
+    for d in planned:
+        job_id = d.job.job_id
+        if d.reused is not None and not _lost_circuits(d.reused, mapping.unmapped):
+            out.append(d.reused)
+            continue
+        real = realised_circuits(cluster, by_job.get(job_id, ()), job_id)
+        out.append(_finish(cluster, d, real))
+    total = realised_circuits(cluster, mapping.cross_connects)
+    mlu = max((j.plan.mlu for j in out if j.circuits.total), default=0.0)
+    return FabricPlan(
+        tuple(out), mapping.cross_connects, total, mlu, ledger, tuple(tdm), mapping.unmapped
+    )
+
+
+_EMPTY_PLAN = CircuitPlan(PodCircuits((), ()), 0.0, 0.0, (), "none")
+
+
+def _restrict(demand: DemandMatrix) -> DemandMatrix:
+    """The demand over only the pods it touches (small instances plan fast)."""
+    pods = sorted({p for p, _, _ in demand.entries()} | {q for _, q, _ in demand.entries()})
+    return DemandMatrix.from_entries(pods, demand.entries())
+
+
+def _replace_plan(
+    d: _Draft, plan: CircuitPlan, phase_plans: tuple[tuple[str, CircuitPlan], ...]
+) -> _Draft:
+    return _Draft(
+        d.job,
+        d.placement,
+        d.collective,
+        d.slice,
+        d.traffic,
+        d.combined,
+        plan,
+        phase_plans,
+        d.reused,
+    )
+
+
+def _lost_circuits(job: JobFabric, unmapped: Sequence[tuple[str, str, str, int]]) -> bool:
+    return any(u[0] == job.job_id for u in unmapped)
+
+
+def _finish(cluster: Cluster, d: _Draft, real: PodCircuits) -> JobFabric:
+    """Evaluate the job on its realised circuits and write its routing headers."""
+    job_id = d.job.job_id
+    traffic = d.traffic or job_traffic(
+        cluster, d.job, d.placement, d.collective.algorithm, dict(d.collective.root_tors)
+    )
+    budget = dict(d.slice.pod_ports) or {p: real.row_sum(p) for p in real.pod_ids}
+    plan = d.plan
+    if d.slice.mode == MODE_ISOLATED:
+        combined = d.combined if d.combined.pod_ids else _combined(traffic)
+        plan = evaluate_circuits(_restrict(combined), real, budget, cluster.nic_gbps)
+    choice = d.collective
+    if d.slice.mode != MODE_NONE:
+        circuits = real if real.total else d.plan.circuits
+        choice = reestimate(choice, cluster, d.job, d.placement, circuits.gbps(cluster.nic_gbps))
+    routing = []
+    for t in traffic:
+        if t.phase not in (PHASE_PP, PHASE_DP):
+            continue
+        on = real if real.total else d.plan.circuits
+        phase_eval = (
+            evaluate_circuits(_restrict(t.pod_demand), on, budget, cluster.nic_gbps)
+            if t.pod_demand.total_bytes
+            else _EMPTY_PLAN
+        )
+        dp = t.phase == PHASE_DP
+        routing.append(
+            RoutingDecision(
+                job_id,
+                t.phase,
+                choice.algorithm if dp else "send_recv",
+                choice.inc and dp,
+                choice.aggregators if dp else (),
+                _routes(cluster, t.flows, phase_eval),
+            )
+        )
+    return JobFabric(
+        job_id, d.placement, choice, d.slice, plan, d.phase_plans, real, tuple(routing)
+    )
+
+
+def _combined(traffic: Sequence[PhaseTraffic]) -> DemandMatrix:
+    phases = {t.phase: t.pod_demand for t in traffic}
+    return phases[PHASE_PP].plus(phases[PHASE_DP])
+
+
+def diff_plans(before: FabricPlan | None, after: FabricPlan, reason: str) -> tuple[Decision, ...]:
+    """Only what changed: oxc connect/disconnect per OXC, then changed routing per job/phase."""
+    current = before.cross_connects if before else ()
+    decisions: list[Decision] = []
+    owners = {cc.key: cc.job_id for cc in tuple(current) + after.cross_connects}
+    for change in diff_cross_connects(current, after.cross_connects):
+        jobs = {owners.get((change.oxc_id, a, b)) for a, b in change.connect + change.disconnect}
+        job_id = jobs.pop() if len(jobs) == 1 else None
+        decisions.append(Decision("oxc", job_id, reason, oxc=change))
+    old = {(r.job_id, r.phase): r for j in (before.jobs if before else ()) for r in j.routing}
+    for j in after.jobs:
+        for r in j.routing:
+            if old.get((r.job_id, r.phase)) != r:
+                decisions.append(Decision("routing", r.job_id, reason, routing=r))
+    return tuple(decisions)
