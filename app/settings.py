@@ -37,6 +37,7 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(4 * 1024 * 1024, gt=0)
     admit_wait_s: float = Field(2.0, ge=0)
     worker_tick_s: float = Field(1.0, gt=0)
+    read_cache_ttl_s: float = Field(1.0, ge=0)
 
     @field_validator("database_url")
     @classmethod

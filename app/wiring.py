@@ -14,6 +14,7 @@ from pathlib import Path
 import yaml
 
 from app.api.deps import Services
+from app.api.read_cache import JobViewCache
 from app.bus import InProcessBus
 from app.bus.relay import OutboxRelay
 from app.engine.cluster import PRESETS, Cluster, cluster_from_dict, preset
@@ -80,7 +81,14 @@ def build_runtime(settings: Settings, cluster: Cluster, *, with_worker: bool = T
     """The embedded default: SQLite or Postgres, in-process bus, worker in a thread."""
     store = build_store(settings)
     bus = InProcessBus()
-    services = Services(settings=settings, cluster=cluster, store=store, bus=bus)
+    services = Services(
+        settings=settings,
+        cluster=cluster,
+        store=store,
+        bus=bus,
+        read_cache=JobViewCache(ttl_s=settings.read_cache_ttl_s),
+    )
+    bus.listen(services.read_cache.on_change)
     bus.listen(services.waiters.on_change)
     relay = OutboxRelay(store, bus.publish)
     services.extras["kick_relay"] = relay.kick

@@ -13,6 +13,7 @@ from app.settings import Settings
 from app.store import Store
 
 from .problems import Problem
+from .read_cache import JobViewCache
 from .waiters import JobWaiters
 
 
@@ -25,11 +26,12 @@ class Services:
     store: Store
     bus: Any
     waiters: JobWaiters = field(default_factory=JobWaiters)
+    read_cache: JobViewCache = field(default_factory=lambda: JobViewCache(ttl_s=1.0))
     southbound: Any = None
     extras: dict[str, Any] = field(default_factory=dict)
 
 
-def get_services(request: Request) -> Services:
+async def get_services(request: Request) -> Services:
     services: Services = request.app.state.services
     return services
 
@@ -56,7 +58,7 @@ def require(*scopes: str) -> Any:
     An empty `scopes` admits any valid token.
     """
 
-    def check(request: Request, services: ServicesDep) -> str | None:
+    async def check(request: Request, services: ServicesDep) -> str | None:
         tokens = services.extras.get("tokens")
         if tokens is None:
             tokens = services.settings.token_scopes()

@@ -31,27 +31,34 @@ class BodyLimit:
             await self._refuse(scope, receive, send)
             return
         seen = 0
-        started = False
+        too_large = False
+        answered = False
 
         async def limited_receive() -> Message:
-            nonlocal seen
+            nonlocal seen, too_large
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > self.max_bytes:
+                    too_large = True
                     raise _TooLarge
             return message
 
-        async def tracking_send(message: Message) -> None:
-            nonlocal started
-            if message["type"] == "http.response.start":
-                started = True
+        async def guarded_send(message: Message) -> None:
+            # the app may swallow _TooLarge and answer 400; answer 413 instead
+            nonlocal answered
+            if too_large:
+                if message["type"] == "http.response.start" and not answered:
+                    answered = True
+                    await self._refuse(scope, receive, send)
+                return
+            answered = answered or message["type"] == "http.response.start"
             await send(message)
 
         try:
-            await self.app(scope, limited_receive, tracking_send)
+            await self.app(scope, limited_receive, guarded_send)
         except _TooLarge:
-            if not started:
+            if not answered:
                 await self._refuse(scope, receive, send)
 
     async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:

@@ -189,12 +189,22 @@ def preset(name: str, *, reconfig_ms: float | None = None) -> Cluster:
     """
     presets = {
         "small": dict(
-            pods=4, tors_per_pod=2, servers_per_tor=4, uplink_ports_per_pod=16,
-            oxcs=2, oxc_ports=64, aggregator_gbps=800.0,
+            pods=4,
+            tors_per_pod=2,
+            servers_per_tor=4,
+            uplink_ports_per_pod=16,
+            oxcs=2,
+            oxc_ports=64,
+            aggregator_gbps=800.0,
         ),
         "seed-15k": dict(
-            pods=25, tors_per_pod=5, servers_per_tor=15, uplink_ports_per_pod=192,
-            oxcs=16, oxc_ports=320, aggregator_gbps=3200.0,
+            pods=25,
+            tors_per_pod=5,
+            servers_per_tor=15,
+            uplink_ports_per_pod=192,
+            oxcs=16,
+            oxc_ports=320,
+            aggregator_gbps=3200.0,
         ),
     }
     if name not in presets:

@@ -8,7 +8,7 @@ import time
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Path, Query
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
 from app.engine.placement import never_fits
@@ -153,7 +153,16 @@ async def get_job(
 ) -> JSONResponse:
     """The job now, or, with `wait_for`, as soon as it reaches that state or at the timeout."""
     if wait_for is None:
+        cache = services.read_cache
+        cached = cache.get(job_id)
+        if cached is not None:
+            return Response(cached, media_type="application/json")
+        generation = cache.generation()
         record = services.store.get_job(job_id)
+        if record is not None:
+            view = json.dumps(render_job(record), separators=(",", ":")).encode()
+            cache.put(job_id, view, generation)
+            return Response(view, media_type="application/json")
     else:
         target = _STATE_RANK[wait_for]
         record = await wait_for_job(
@@ -191,6 +200,7 @@ async def complete_job(
 ) -> JSONResponse:
     """Free the job's servers, ports and aggregators and let queued jobs in. Idempotent."""
     record = await run_in_threadpool(services.store.complete_job, job_id)
+    services.read_cache.invalidate([job_id])
     if record is None:
         raise Problem(404, "Not found", f"no job {job_id}", kind="unknown-job")
     services.extras["kick_relay"]()

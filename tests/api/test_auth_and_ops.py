@@ -1,0 +1,105 @@
+"""Scoped bearer tokens, the loopback rule, and the operations endpoints."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+
+import pytest
+from pydantic import SecretStr
+
+from app.settings import Settings, parse_tokens
+from tests.support import LiveServer
+
+TOKENS = "launcher=launch-secret-1,telemetry=tele-secret-2,operator=op-secret-3"
+
+
+@pytest.fixture
+def secured(settings: Settings):
+    live = LiveServer(settings.model_copy(update={"api_tokens": SecretStr(TOKENS)}))
+    live.start()
+    yield live
+    live.stop()
+
+
+def test_tokens_and_scopes(secured: LiveServer) -> None:
+    body = {"job_id": "a", "parallelism": {"dp": 1, "pp": 1}}
+    with secured.client() as anon:
+        r = anon.post("/v1/jobs", json=body)
+        assert r.status_code == 401
+        assert r.headers["content-type"] == "application/problem+json"
+        assert r.headers["www-authenticate"] == "Bearer"
+        assert anon.get("/healthz").status_code == 200
+        assert anon.get("/readyz").status_code == 200
+        assert anon.get("/metrics").status_code == 200
+    with secured.client("wrong") as bad:
+        assert bad.get("/v1/jobs").status_code == 401
+    with secured.client("tele-secret-2") as tele:
+        r = tele.post("/v1/jobs", json=body)
+        assert r.status_code == 403
+        assert "launcher" in r.json()["detail"]
+    with secured.client("launch-secret-1") as launcher:
+        assert launcher.post("/v1/jobs", json=body).status_code == 201
+        assert launcher.get("/v1/decisions").status_code == 200
+    with secured.client("op-secret-3") as op:
+        assert op.post("/v1/jobs/a/complete").status_code == 200
+
+
+def test_token_settings_are_validated() -> None:
+    assert parse_tokens("launcher=a,operator=b") == {"a": "launcher", "b": "operator"}
+    for bad in ("root=abc", "launcher", "launcher=", "launcher=changeme"):
+        with pytest.raises(ValueError):
+            parse_tokens(bad)
+
+
+def test_secrets_never_reach_logs(secured: LiveServer, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)
+    with secured.client("launch-secret-1") as c:
+        c.post("/v1/jobs", json={"job_id": "s", "parallelism": {"dp": 1, "pp": 1}})
+        c.get("/v1/jobs/nope")
+    assert "launch-secret-1" not in caplog.text
+    assert "launch-secret-1" not in repr(secured.settings)
+
+
+def test_serve_refuses_a_public_address_without_tokens(tmp_path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "app.cli", "serve", "--host", "0.0.0.0", "--port", "1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+        env={"PATH": "/usr/bin:/bin", "LIGHTPATH_DATABASE_URL": f"sqlite:///{tmp_path}/x.db"},
+    )
+    assert result.returncode == 2
+    assert "refusing to bind 0.0.0.0" in result.stderr
+
+
+def test_readyz_and_metrics(server: LiveServer) -> None:
+    with server.client() as c:
+        ready = c.get("/readyz").json()
+        assert ready["checks"]["database"] == "ok"
+        c.post("/v1/jobs", json={"job_id": "m", "parallelism": {"dp": 1, "pp": 1}})
+        text = c.get("/metrics").text
+        assert 'lightpath_jobs{state="placed"} 1.0' in text
+        assert "lightpath_free_servers 31.0" in text
+        assert "lightpath_decisions 1.0" in text
+        assert (
+            'lightpath_http_request_duration_seconds_count{method="POST",route="/v1/jobs"' in text
+        )
+
+
+def test_openapi_documents_every_contract_path(server: LiveServer) -> None:
+    with server.client() as c:
+        paths = c.get("/openapi.json").json()["paths"]
+    for path in (
+        "/v1/jobs",
+        "/v1/jobs/{job_id}",
+        "/v1/jobs/{job_id}/complete",
+        "/v1/cluster",
+        "/v1/decisions",
+        "/healthz",
+        "/readyz",
+        "/metrics",
+    ):
+        assert path in paths

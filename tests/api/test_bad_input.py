@@ -1,0 +1,120 @@
+"""Bad input: always a 4xx problem+json, never a 500, never a half-written job."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from app.settings import Settings
+from tests.support import LiveServer
+
+GOOD = {"job_id": "ok", "parallelism": {"dp": 2, "pp": 2, "ep": 1}}
+
+
+def _with(**changes: object) -> dict[str, object]:
+    body = json.loads(json.dumps(GOOD))
+    for path, value in changes.items():
+        target = body
+        keys = path.split("__")
+        for key in keys[:-1]:
+            target = target[key]
+        target[keys[-1]] = value
+    return body
+
+
+CASES = [
+    ("zero degree", _with(parallelism__dp=0), 422, "body.parallelism.dp"),
+    ("negative degree", _with(parallelism__pp=-1), 422, "body.parallelism.pp"),
+    ("string degree", _with(parallelism__dp="8"), 422, "body.parallelism.dp"),
+    ("float degree", _with(parallelism__dp=2.5), 422, "body.parallelism.dp"),
+    ("bool degree", _with(parallelism__ep=True), 422, "body.parallelism.ep"),
+    ("typo field", {**GOOD, "paralelism": {"dp": 1, "pp": 1}}, 422, "body.paralelism"),
+    ("nested typo", _with(parallelism__tp=8), 422, "body.parallelism.tp"),
+    ("missing parallelism", {"job_id": "ok"}, 422, "body.parallelism"),
+    ("bad collective", {**GOOD, "collective": "allgather"}, 422, "body.collective"),
+    ("bad job id", {**GOOD, "job_id": "has space"}, 422, "body.job_id"),
+    ("empty job id", {**GOOD, "job_id": ""}, 422, "body.job_id"),
+    ("negative bytes", {**GOOD, "model": {"parameters": -5}}, 422, "body.model.parameters"),
+    ("not an object", [1, 2], 422, "body"),
+]
+
+
+@pytest.mark.parametrize(("name", "body", "status", "field"), CASES, ids=[c[0] for c in CASES])
+def test_invalid_job_bodies_are_refused_with_the_field(
+    server: LiveServer, name: str, body: object, status: int, field: str
+) -> None:
+    with server.client() as c:
+        r = c.post("/v1/jobs", json=body)
+        assert r.status_code == status, r.text
+        assert r.headers["content-type"] == "application/problem+json"
+        problem = r.json()
+        assert {"type", "title", "status", "detail"} <= problem.keys()
+        assert field in [e["field"] for e in problem["errors"]]
+        assert c.get("/v1/jobs").json()["jobs"] == []
+
+
+def test_malformed_json_and_wrong_media_are_4xx(server: LiveServer) -> None:
+    with server.client() as c:
+        for raw in (b"{bad", b"", b"null", b"\xff\xfe"):
+            r = c.post("/v1/jobs", content=raw, headers={"content-type": "application/json"})
+            assert 400 <= r.status_code < 500, (raw, r.status_code)
+            assert r.headers["content-type"] == "application/problem+json"
+        assert c.get("/v1/jobs").json()["jobs"] == []
+
+
+def test_nan_in_numbers_is_refused(server: LiveServer) -> None:
+    raw = b'{"job_id": "n", "parallelism": {"dp": 1, "pp": 1}, "model": {"parameters": NaN}}'
+    with server.client() as c:
+        r = c.post("/v1/jobs", content=raw, headers={"content-type": "application/json"})
+        assert 400 <= r.status_code < 500
+        assert c.get("/v1/jobs").json()["jobs"] == []
+
+
+def test_oversized_body_is_413(settings: Settings) -> None:
+    live = LiveServer(settings.model_copy(update={"max_body_bytes": 10_000}))
+    live.start()
+    try:
+        with live.client() as c:
+            padding = "x" * 20_000
+            r = c.post("/v1/jobs", json={**GOOD, "pad": padding})
+            assert r.status_code == 413
+            assert r.headers["content-type"] == "application/problem+json"
+
+            def chunks():  # no content-length: the limit applies to the stream too
+                for _ in range(30):
+                    yield b" " * 1000
+
+            r = c.post("/v1/jobs", content=chunks(), headers={"content-type": "application/json"})
+            assert r.status_code == 413
+            assert c.get("/v1/jobs").json()["jobs"] == []
+    finally:
+        live.stop()
+
+
+def test_bad_query_parameters_are_422(server: LiveServer) -> None:
+    with server.client() as c:
+        for path, params in [
+            ("/v1/jobs", {"state": "running"}),
+            ("/v1/jobs", {"limit": 0}),
+            ("/v1/decisions", {"after": -1}),
+            ("/v1/decisions", {"limit": "many"}),
+        ]:
+            r = c.get(path, params=params)
+            assert r.status_code == 422, (path, params)
+            assert r.headers["content-type"] == "application/problem+json"
+        c.post("/v1/jobs", json=GOOD)
+        r = c.get("/v1/jobs/ok", params={"wait_for": "placed", "timeout_s": "nan"})
+        assert r.status_code == 422
+        r = c.get("/v1/jobs/ok", params={"wait_for": "exploded"})
+        assert r.status_code == 422
+
+
+def test_unknown_route_and_method_are_problems(server: LiveServer) -> None:
+    with server.client() as c:
+        r = c.get("/v1/nothing")
+        assert r.status_code == 404
+        assert r.headers["content-type"] == "application/problem+json"
+        r = c.delete("/v1/jobs")
+        assert r.status_code == 405
+        assert r.headers["content-type"] == "application/problem+json"

@@ -1,0 +1,216 @@
+"""The job lifecycle over real HTTP, on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+from typing import Any
+
+import pytest
+
+from app.engine.queue import QueuePolicy
+from app.settings import Settings
+from tests.support import LiveServer
+
+SMALL_SERVERS = 32  # preset small: 4 pods x 2 ToRs x 4 servers
+
+
+def job(job_id: str, dp: int = 2, pp: int = 2, ep: int = 1, **extra: Any) -> dict[str, Any]:
+    return {"job_id": job_id, "parallelism": {"dp": dp, "pp": pp, "ep": ep}, **extra}
+
+
+def test_arrival_places_on_distinct_servers_and_completion_frees_them(server: LiveServer) -> None:
+    with server.client() as c:
+        r = c.post("/v1/jobs", json=job("a", dp=4, pp=2))
+        assert r.status_code == 201, r.text
+        body = r.json()
+        assert body["state"] == "placed"
+        units = body["placement"]["units"]
+        assert len(units) == 8
+        assert len({u["server"] for u in units}) == 8
+        assert {(u["stage"], u["dp_rank"]) for u in units} == {
+            (s, d) for s in range(2) for d in range(4)
+        }
+        cluster = c.get("/v1/cluster").json()
+        assert cluster["summary"]["free_servers"] == SMALL_SERVERS - 8
+        held = {
+            s["id"]
+            for p in cluster["pods"]
+            for t in p["tors"]
+            for s in t["servers"]
+            if not s["free"]
+        }
+        assert held == {u["server"] for u in units}
+
+        done = c.post("/v1/jobs/a/complete")
+        assert done.status_code == 200
+        assert done.json()["state"] == "completed"
+        again = c.post("/v1/jobs/a/complete")
+        assert again.status_code == 200
+        assert again.json()["completed_at"] == done.json()["completed_at"]
+        assert c.get("/v1/cluster").json()["summary"]["free_servers"] == SMALL_SERVERS
+
+
+def test_ep_groups_share_a_tor(server: LiveServer) -> None:
+    with server.client() as c:
+        r = c.post("/v1/jobs", json=job("moe", dp=2, pp=2, ep=4))
+        assert r.status_code == 201, r.text
+        groups: dict[tuple[int, int], set[str]] = {}
+        for u in r.json()["placement"]["units"]:
+            tor = u["server"].rsplit("/", 1)[0]
+            groups.setdefault((u["stage"], u["dp_rank"]), set()).add(tor)
+        assert all(len(tors) == 1 for tors in groups.values())
+
+
+def test_full_cluster_queues_then_admits_on_completion(server: LiveServer) -> None:
+    with server.client() as c:
+        assert c.post("/v1/jobs", json=job("big", dp=16, pp=2)).status_code == 201
+        queued = c.post("/v1/jobs", json=job("next", dp=2, pp=1))
+        assert queued.status_code == 202
+        assert queued.json()["state"] == "queued"
+        assert "servers" in queued.json()["queue_reason"]
+        polled = c.get("/v1/jobs/next", params={"wait_for": "placed", "timeout_s": 0.3})
+        assert polled.json()["state"] == "queued"
+        assert [
+            j["job_id"] for j in c.get("/v1/jobs", params={"state": "queued"}).json()["jobs"]
+        ] == ["next"]
+
+        with cf.ThreadPoolExecutor(1) as pool:
+            waiting = pool.submit(
+                c.get, "/v1/jobs/next", params={"wait_for": "placed", "timeout_s": 20}
+            )
+            c.post("/v1/jobs/big/complete")
+            placed = waiting.result(timeout=25)
+        assert placed.json()["state"] == "placed"
+        assert placed.json()["placed_at"] is not None
+
+
+def test_unknown_job_is_404_problem(server: LiveServer) -> None:
+    with server.client() as c:
+        for r in (c.get("/v1/jobs/nope"), c.post("/v1/jobs/nope/complete")):
+            assert r.status_code == 404
+            assert r.headers["content-type"] == "application/problem+json"
+            assert r.json()["status"] == 404
+
+
+def test_same_id_same_body_is_200_other_body_is_409(server: LiveServer) -> None:
+    with server.client() as c:
+        assert c.post("/v1/jobs", json=job("x")).status_code == 201
+        same = c.post("/v1/jobs", json=job("x", collective="auto", priority=0))
+        assert same.status_code == 200
+        assert same.json()["job_id"] == "x"
+        other = c.post("/v1/jobs", json=job("x", dp=4))
+        assert other.status_code == 409
+        assert other.headers["content-type"] == "application/problem+json"
+        assert len(c.get("/v1/jobs").json()["jobs"]) == 1
+
+
+def test_concurrent_identical_posts_create_one_job(server: LiveServer) -> None:
+    def post(_: int) -> int:
+        with server.client() as c:
+            return c.post("/v1/jobs", json=job("race", dp=2, pp=2)).status_code
+
+    with cf.ThreadPoolExecutor(8) as pool:
+        codes = list(pool.map(post, range(8)))
+    assert sorted(codes).count(201) == 1
+    assert sorted(codes).count(200) == 7
+    with server.client() as c:
+        jobs = c.get("/v1/jobs").json()["jobs"]
+        assert [j["job_id"] for j in jobs] == ["race"]
+        decisions = c.get("/v1/decisions").json()["decisions"]
+        assert [d["job_id"] for d in decisions] == ["race"]
+
+
+def test_never_fitting_job_is_refused_with_reason(server: LiveServer) -> None:
+    with server.client() as c:
+        r = c.post("/v1/jobs", json=job("huge", dp=64, pp=2))
+        assert r.status_code == 422
+        problem = r.json()
+        assert problem["type"].endswith("never-fits")
+        assert "more servers than the cluster has" in problem["detail"]
+        wide = c.post("/v1/jobs", json=job("wide", dp=1, pp=1, ep=8))
+        assert wide.status_code == 422
+        assert "ToR" in wide.json()["detail"]
+        assert c.get("/v1/jobs").json()["jobs"] == []
+
+
+def test_decision_log_is_gap_free_and_pages(server: LiveServer) -> None:
+    with server.client() as c:
+        for i in range(7):
+            assert c.post("/v1/jobs", json=job(f"j{i}", dp=1, pp=2)).status_code == 201
+        seen, after = [], 0
+        while True:
+            page = c.get("/v1/decisions", params={"after": after, "limit": 3}).json()
+            if not page["decisions"]:
+                assert page["next"] == after + 1
+                break
+            seen.extend(d["seq"] for d in page["decisions"])
+            assert page["next"] == page["decisions"][-1]["seq"] + 1
+            after = page["next"] - 1
+        assert seen == list(range(1, 8))
+
+
+@pytest.mark.parametrize(
+    ("policy", "expected"),
+    [
+        (QueuePolicy.FIFO, ["first", "small", "urgent"]),
+        (QueuePolicy.SMALLEST_FIRST, ["small", "urgent", "first"]),
+        (QueuePolicy.EDF, ["urgent", "first", "small"]),
+    ],
+)
+def test_queue_policies_readmit_in_their_order(
+    settings: Settings, policy: QueuePolicy, expected: list[str]
+) -> None:
+    live = LiveServer(settings.model_copy(update={"queue_policy": policy, "backfill": False}))
+    live.start()
+    try:
+        with live.client() as c:
+            assert c.post("/v1/jobs", json=job("blocker", dp=16, pp=2)).status_code == 201
+            # each waiting job needs the whole cluster, so they are admitted one at a time
+            c.post("/v1/jobs", json=job("first", dp=16, pp=2, deadline=3000.0))
+            c.post("/v1/jobs", json=job("small", dp=8, pp=2, deadline=4000.0))
+            c.post("/v1/jobs", json=job("urgent", dp=12, pp=2, deadline=1000.0))
+            order = []
+            running = "blocker"
+            for _ in expected:
+                c.post(f"/v1/jobs/{running}/complete")
+                placed = None
+                for _attempt in range(100):
+                    states = {
+                        j["job_id"]: j
+                        for j in c.get("/v1/jobs", params={"state": "placed"}).json()["jobs"]
+                    }
+                    if states:
+                        placed = next(iter(states))
+                        break
+                    c.get("/v1/jobs/first", params={"wait_for": "completed", "timeout_s": 0.05})
+                assert placed is not None
+                order.append(placed)
+                running = placed
+            assert order == expected
+    finally:
+        live.stop()
+
+
+def test_backfill_admits_small_jobs_while_the_head_waits(server: LiveServer) -> None:
+    with server.client() as c:
+        holder = {}
+        for i in range(SMALL_SERVERS):
+            r = c.post("/v1/jobs", json=job(f"one{i}", dp=1, pp=1))
+            assert r.status_code == 201
+            holder[r.json()["placement"]["units"][0]["server"]] = f"one{i}"
+        # free one server in every ToR: no ToR can take a 4-wide EP group
+        freed_tor = set()
+        for server_id, job_id in sorted(holder.items()):
+            tor = server_id.rsplit("/", 1)[0]
+            if tor not in freed_tor:
+                freed_tor.add(tor)
+                assert c.post(f"/v1/jobs/{job_id}/complete").status_code == 200
+                del holder[server_id]
+        head = c.post("/v1/jobs", json=job("head", dp=2, pp=1, ep=4))
+        assert head.status_code == 202
+        small = c.post("/v1/jobs", json=job("small", dp=1, pp=1))
+        assert small.status_code == 201, "backfill should place a 1-server job"
+        for job_id in holder.values():
+            c.post(f"/v1/jobs/{job_id}/complete")
+        placed = c.get("/v1/jobs/head", params={"wait_for": "placed", "timeout_s": 10}).json()
+        assert placed["state"] == "placed"
