@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
-from .messages import JobsChanged, Message
+from .messages import Delivery, JobsChanged, Message
 
 
 class InProcessBus:
@@ -20,7 +20,7 @@ class InProcessBus:
     def publish(self, message: Message) -> None:
         self._commands.put(message)
 
-    def consume(self, timeout_s: float) -> list[Message]:
+    def consume(self, timeout_s: float) -> list[Delivery]:
         """Block up to `timeout_s` for a command, then drain what else is waiting."""
         try:
             first = self._commands.get(timeout=timeout_s)
@@ -31,7 +31,10 @@ class InProcessBus:
             try:
                 batch.append(self._commands.get_nowait())
             except queue.Empty:
-                return batch
+                return [Delivery(str(i), m) for i, m in enumerate(batch)]
+
+    def ack(self, deliveries: Sequence[Delivery]) -> None:
+        """Nothing to do: an in-process message is gone once taken (the tick re-reads state)."""
 
     def announce(self, change: JobsChanged) -> None:
         with self._lock:

@@ -36,6 +36,16 @@ class JobsChanged:
 
 
 Message = AdmitJob | CompleteJob | ReportTraffic | JobsChanged
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """A consumed message and the bus's id for it (acknowledge once handled)."""
+
+    id: str
+    message: Message
+
+
 _TYPES: dict[str, type] = {
     cls.__name__: cls for cls in (AdmitJob, CompleteJob, ReportTraffic, JobsChanged)
 }

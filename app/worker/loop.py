@@ -10,9 +10,10 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Sequence
 from typing import Protocol
 
-from app.bus.messages import AdmitJob, CompleteJob, JobsChanged, Message
+from app.bus.messages import AdmitJob, CompleteJob, Delivery, JobsChanged, Message
 from app.engine.cluster import Cluster
 from app.settings import Settings
 from app.store import Store
@@ -23,7 +24,8 @@ log = logging.getLogger("lightpath.worker")
 
 
 class CommandBus(Protocol):
-    def consume(self, timeout_s: float) -> list[Message]: ...
+    def consume(self, timeout_s: float) -> list[Delivery]: ...
+    def ack(self, deliveries: Sequence[Delivery]) -> None: ...
     def announce(self, change: JobsChanged) -> None: ...
 
 
@@ -62,9 +64,10 @@ class Worker:
         log.info("worker started", extra={"cluster": self.cluster.name})
         backoff_s = 0.1
         while not stop.is_set():
-            messages = self.bus.consume(self.settings.worker_tick_s)
+            deliveries = self.bus.consume(self.settings.worker_tick_s)
             try:
-                self.handle(messages)
+                self.handle([d.message for d in deliveries])
+                self.bus.ack(deliveries)  # only after the effects are committed
                 backoff_s = 0.1
             except Exception:
                 log.exception("worker pass failed; retrying")
