@@ -36,10 +36,10 @@ EMPTY_PLAN_ID = "plan-idle"  # a phase with no inter-pod traffic: no circuits ne
 # trickle that comes and goes must not split one plan into two.
 DEFAULT_FLOOR = 1.0 / 64.0
 # Maximum total-variation distance between two normalised pod demands that still
-# count as the same plan. Measured iteration jitter moves shares by a few percent
-# (TV ~0.01-0.05, tests/engine/test_plan_signature.py); PP and DP phases of one job
-# differ by TV >= 0.5. 0.2 sits well between.
-DEFAULT_TOLERANCE = 0.2
+# count as the same plan. The PAI iteration-jitter traces move shares by TV 0.01-0.06,
+# up to 0.19 when a 5x straggler's flows are cut short (job 4; measured in
+# tests/engine/test_plan_signature.py); a job's PP and DP phases differ by TV >= 0.5.
+DEFAULT_TOLERANCE = 0.25
 # Plans a job's catalogue remembers (least recently seen dropped first). A job has
 # a handful; the cap bounds jobs whose MoE phases never repeat exactly.
 DEFAULT_CATALOG_SIZE = 64
