@@ -82,7 +82,8 @@ class PodCircuits:
 
     @property
     def total(self) -> int:
-        return sum(c for _, _, c in self.pairs())
+        """Circuits in the matrix (each counted once)."""
+        return sum(sum(row) for row in self.counts) // 2
 
     def to_dict(self) -> dict[str, dict[str, int]]:
         """The `pod_circuits` shape of GET /v1/topology (both directions listed)."""
@@ -376,7 +377,7 @@ def plan_circuits(
     improve_rounds: int = 4,
     lp_max_pods: int = 8,
 ) -> CircuitPlan:
-    """Fast online plan: the better of min-max water-filling and proportional scaling.
+    """Fast online plan: the best of min-max water-filling, proportional scaling, uniform.
 
     Each candidate is then improved by adding spare-port circuits where greedy
     two-hop routing gains; ties go to water-filling. With at most `lp_max_pods`
@@ -399,9 +400,18 @@ def plan_circuits(
             "greedy",
             "no inter-pod demand",
         )
-    use_lp = _active_count(demand) <= lp_max_pods
+    active = _active_count(demand)
+    if active <= 2:  # one pod pair: all its ports to each other, nothing to relay
+        c = _water_fill(pods, weight, ports)
+        return evaluate_circuits(demand, _to_circuits(pods, c), ports, port_gbps, window_s)
+    use_lp = active <= lp_max_pods
     best: CircuitPlan | None = None
-    for start in (_water_fill(pods, weight, ports), _proportional(pods, weight, ports)):
+    starts = (
+        _water_fill(pods, weight, ports),
+        _proportional(pods, weight, ports),
+        [list(r) for r in uniform_circuits(pods, ports).counts],  # never worse than static
+    )
+    for start in starts:
         plans = [
             _add_spare_circuits(
                 demand, [r[:] for r in start], ports, port_gbps, window_s, improve_rounds

@@ -71,14 +71,28 @@ class CrossConnectMapping:
     added: int
 
 
+_PORT_PODS: dict[int, tuple[Cluster, dict[tuple[str, int], str]]] = {}
+
+
 def port_pods(cluster: Cluster) -> dict[tuple[str, int], str]:
-    """(oxc_id, port) -> the pod whose uplink is wired there."""
-    return {
+    """(oxc_id, port) -> the pod whose uplink is wired there (memoised per cluster value)."""
+    hit = _PORT_PODS.get(id(cluster))
+    if hit is not None and hit[0] is cluster:
+        return hit[1]
+    table = {
         (o.id, port): pod
         for o in cluster.oxcs
         for pod, ports in o.pod_ports.items()
         for port in ports
     }
+    if len(_PORT_PODS) > 8:  # a handful of clusters per process; keep the memo small
+        _PORT_PODS.clear()
+    _PORT_PODS[id(cluster)] = (cluster, table)
+    return table
+
+
+def _physical(cc: CrossConnect) -> tuple[str, int, int]:
+    return cc.key
 
 
 def realised_circuits(
@@ -113,7 +127,7 @@ def map_cross_connects(
     }
     kept: list[CrossConnect] = []
     used: set[tuple[str, int]] = set()
-    for cc in sorted(set(current)):
+    for cc in dict.fromkeys(current):  # input order, duplicates dropped
         a, b = where.get((cc.oxc_id, cc.port_a)), where.get((cc.oxc_id, cc.port_b))
         if a is None or b is None or a == b or cc.job_id not in need:
             continue
@@ -125,8 +139,11 @@ def map_cross_connects(
             kept.append(cc)
             used.update({(cc.oxc_id, cc.port_a), (cc.oxc_id, cc.port_b)})
     free: dict[tuple[str, str], list[int]] = defaultdict(list)
+    short = {pod for job in need.values() for pair, n in job.items() if n > 0 for pod in pair}
     for o in cluster.oxcs:
         for pod, ports in o.pod_ports.items():
+            if pod not in short:
+                continue
             # descending, so pop() hands out the lowest free port
             free[(o.id, pod)] = sorted((p for p in ports if (o.id, p) not in used), reverse=True)
     oxc_ids = [o.id for o in cluster.oxcs]
@@ -145,7 +162,9 @@ def map_cross_connects(
                 added.append(
                     CrossConnect.of(best, free[(best, a)].pop(), free[(best, b)].pop(), job)
                 )
-    return CrossConnectMapping(tuple(sorted(kept + added)), tuple(unmapped), len(kept), len(added))
+    return CrossConnectMapping(
+        tuple(sorted(kept + added, key=_physical)), tuple(unmapped), len(kept), len(added)
+    )
 
 
 def diff_cross_connects(

@@ -344,7 +344,7 @@ def plan_fabric(
         real = realised_circuits(cluster, by_job.get(job_id, ()), job_id)
         out.append(_finish(cluster, d, real))
     total = realised_circuits(cluster, mapping.cross_connects)
-    mlu = max((j.plan.mlu for j in out if j.circuits.total), default=0.0)
+    mlu = max((j.plan.mlu for j in out if j.slice.mode == MODE_ISOLATED), default=0.0)
     return FabricPlan(
         tuple(out), mapping.cross_connects, total, mlu, ledger, tuple(tdm), mapping.unmapped
     )
