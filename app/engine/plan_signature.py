@@ -26,7 +26,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .cluster import Cluster
 
@@ -40,9 +40,10 @@ DEFAULT_FLOOR = 1.0 / 64.0
 # up to 0.19 when a 5x straggler's flows are cut short (job 4; measured in
 # tests/engine/test_plan_signature.py); a job's PP and DP phases differ by TV >= 0.5.
 DEFAULT_TOLERANCE = 0.25
-# Plans a job's catalogue remembers (least recently seen dropped first). A job has
-# a handful; the cap bounds jobs whose MoE phases never repeat exactly.
-DEFAULT_CATALOG_SIZE = 64
+# Plans a job's catalogue remembers (least recently seen dropped first). A GPipe
+# job reported per pipeline phase has up to a few hundred (Llama 3 405B at PP 16:
+# ~100); the cap bounds jobs whose MoE phases never repeat exactly.
+DEFAULT_CATALOG_SIZE = 512
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,9 +81,15 @@ class PlanSignature:
 
 @dataclass(frozen=True, slots=True)
 class PlanCatalog:
-    """The plans one job has shown so far, most recently seen first."""
+    """The plans one job has shown so far, oldest first, with when each was last seen.
+
+    Order is insertion order, never reordered, so that a phase equally close to two
+    known plans always gets the older one: ids must not depend on recent history.
+    """
 
     entries: tuple[PlanSignature, ...] = ()
+    last_seen: tuple[int, ...] = ()  # per entry, the value of `clock` when last matched
+    clock: int = 0  # phases classified so far
     tolerance: float = DEFAULT_TOLERANCE
     max_entries: int = DEFAULT_CATALOG_SIZE
     floor: float = DEFAULT_FLOOR
@@ -188,25 +195,34 @@ def classify_plan(catalog: PlanCatalog, pod_demand: PodDemand) -> tuple[PlanCata
     best_index, best_distance = -1, catalog.tolerance
     for i, known in enumerate(catalog.entries):
         if known.levels == signature.levels:  # exact structural match: no need to measure
-            best_index, best_distance = i, 0.0
+            best_index = i
             break
         distance = demand_distance(known.shares, signature.shares)
-        if distance <= best_distance:
+        if distance < best_distance or (best_index < 0 and distance == best_distance):
             best_index, best_distance = i, distance
+    clock = catalog.clock + 1
+    if best_index >= 0 and catalog.entries[best_index].levels == signature.levels:
+        seen = list(catalog.last_seen)
+        seen[best_index] = clock
+        return replace(catalog, last_seen=tuple(seen), clock=clock), catalog.entries[
+            best_index
+        ].plan_id
     if best_index >= 0:
-        found = catalog.entries[best_index]
-        rest = catalog.entries[:best_index] + catalog.entries[best_index + 1 :]
-        return _with_entries(catalog, (found,) + rest), found.plan_id
-    # A new plan. Lengthen its id while it collides with a different known plan.
-    taken = {e.plan_id for e in catalog.entries}
-    plan_id, digits = signature.plan_id, 4
-    while plan_id in taken and digits < 16:
-        digits += 2
-        plan_id = signature_id(signature.levels, digits)
-    entry = PlanSignature(plan_id, signature.levels, signature.shares)
-    entries = ((entry,) + catalog.entries)[: catalog.max_entries]
-    return _with_entries(catalog, entries), plan_id
-
-
-def _with_entries(catalog: PlanCatalog, entries: tuple[PlanSignature, ...]) -> PlanCatalog:
-    return PlanCatalog(entries, catalog.tolerance, catalog.max_entries, catalog.floor)
+        # A close match with another quantised form: remember that form as an alias
+        # of the plan, so the next time it matches exactly, whatever plans arrive in
+        # between (a later, closer plan must not capture it).
+        plan_id = catalog.entries[best_index].plan_id
+    else:
+        # A new plan. Lengthen its id while it collides with a different known plan.
+        taken = {e.plan_id for e in catalog.entries}
+        plan_id, digits = signature.plan_id, 4
+        while plan_id in taken and digits < 16:
+            digits += 2
+            plan_id = signature_id(signature.levels, digits)
+    entries = catalog.entries + (PlanSignature(plan_id, signature.levels, signature.shares),)
+    seen_t = catalog.last_seen + (clock,)
+    if len(entries) > catalog.max_entries:  # forget the least recently seen plan
+        drop = seen_t.index(min(seen_t))
+        entries = entries[:drop] + entries[drop + 1 :]
+        seen_t = seen_t[:drop] + seen_t[drop + 1 :]
+    return replace(catalog, entries=entries, last_seen=seen_t, clock=clock), plan_id

@@ -151,9 +151,9 @@ def test_catalog_reuses_the_first_id_and_lengthens_colliding_ids() -> None:
     # Sitting on a log2 grid edge (ratio 0.707) would flip a memoryless id; not this one.
     skewed = [1.0] * 4 + [0.7] * 4
     catalog, again = classify_plan(catalog, aggregate_pod_demand(SMALL, dp_demands(skewed)))
-    assert again == first and len(catalog.entries) == 1
+    assert again == first and [e.plan_id for e in catalog.entries] == [first] * len(catalog.entries)
     catalog, other = classify_plan(catalog, aggregate_pod_demand(SMALL, pp_demands([1.0] * 8)))
-    assert other != first and catalog.entries[0].plan_id == other
+    assert other != first and catalog.entries[-1].plan_id == other
     assert classify_plan(catalog, PodDemand(()))[1] == EMPTY_PLAN_ID
 
 
