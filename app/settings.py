@@ -32,6 +32,7 @@ class Settings(BaseSettings):
     backfill: bool = True
     reconfig_ms: float = Field(25.0, ge=0)
     mock_fault_rate: float = Field(0.0, ge=0, le=1)
+    mock_fault_seed: int = 0
     predictor: Literal["seed", "lightpath"] = "lightpath"
     log_level: str = "INFO"
     max_body_bytes: int = Field(4 * 1024 * 1024, gt=0)

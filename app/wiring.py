@@ -1,26 +1,36 @@
 """Bootstrap: the single place that decides which parts are real and wires them.
 
 `build_runtime` returns the pieces of one process (API services, worker,
-outbox relay) for the configured settings; the CLI and the tests start them.
+outbox relay, switch controller) for the configured settings; the CLI and the
+tests start them.
 """
 
 from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import yaml
+from prometheus_client import CollectorRegistry
 
 from app.api.deps import Services
+from app.api.metrics import ApiMetrics
 from app.api.read_cache import JobViewCache
 from app.bus import InProcessBus
 from app.bus.relay import OutboxRelay
 from app.engine.cluster import PRESETS, Cluster, cluster_from_dict, preset
 from app.settings import Settings
+from app.southbound import HttpDriver, InProcessDriver, SouthboundDriver
 from app.store import Store, create_db_engine
+from app.store.fabric_repository import FabricRepository
 from app.worker import Worker
+from app.worker.fabric_pass import FabricPlanner
+from app.worker.metrics import WorkerMetrics
+from app.worker.switch_controller import SwitchController
 
 
 class ConfigError(Exception):
@@ -50,37 +60,59 @@ def build_store(settings: Settings) -> Store:
     return Store(write, read)
 
 
+def build_driver(settings: Settings, cluster: Cluster) -> SouthboundDriver:
+    """The HTTP driver when LIGHTPATH_SOUTHBOUND_URL is set, else in-process mock switches."""
+    if settings.southbound_url:
+        return HttpDriver(settings.southbound_url)
+    return InProcessDriver.for_cluster(
+        cluster, fault_rate=settings.mock_fault_rate, seed=settings.mock_fault_seed
+    )
+
+
 @dataclass
 class Runtime:
     """One process's parts; `start` runs the background loops, `stop` ends them."""
 
     services: Services
-    worker: Worker | None
-    relay: OutboxRelay
+    relay: OutboxRelay | None
+    worker: Worker | None = None
+    controller: SwitchController | None = None
+    is_leader: Callable[[], bool] = lambda: True
+    closers: list[Callable[[], None]] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
     _threads: list[threading.Thread] = field(default_factory=list)
 
+    def _spawn(self, name: str, target: Callable[..., None], *args: Any) -> None:
+        thread = threading.Thread(target=target, args=args, name=name, daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
     def start(self) -> None:
-        self.relay.start()
+        if self.relay is not None:
+            self.relay.start()
         if self.worker is not None:
-            thread = threading.Thread(
-                target=self.worker.run, args=(self._stop,), name="worker", daemon=True
-            )
-            thread.start()
-            self._threads.append(thread)
+            self._spawn("worker", self.worker.run, self._stop, self.is_leader)
+        if self.controller is not None:
+            self._spawn("switch-controller", self.controller.run, self._stop, self.is_leader)
 
     def stop(self) -> None:
         self._stop.set()
-        self.relay.stop()
+        if self.controller is not None:
+            self.controller.kick()
+        if self.relay is not None:
+            self.relay.stop()
         for thread in self._threads:
             thread.join(timeout=10)
+        for close in self.closers:
+            close()
         self.services.store.dispose()
 
 
 def build_runtime(settings: Settings, cluster: Cluster, *, with_worker: bool = True) -> Runtime:
-    """The embedded default: SQLite or Postgres, in-process bus, worker in a thread."""
+    """The embedded default: one process with API services, relay, worker and switches."""
     store = build_store(settings)
     bus = InProcessBus()
+    registry = CollectorRegistry()
     services = Services(
         settings=settings,
         cluster=cluster,
@@ -88,9 +120,43 @@ def build_runtime(settings: Settings, cluster: Cluster, *, with_worker: bool = T
         bus=bus,
         read_cache=JobViewCache(ttl_s=settings.read_cache_ttl_s),
     )
+    services.extras["metrics"] = ApiMetrics(store, cluster, registry=registry)
+    services.extras["fabric"] = FabricRepository(store)
     bus.listen(services.read_cache.on_change)
     bus.listen(services.waiters.on_change)
     relay = OutboxRelay(store, bus.publish)
     services.extras["kick_relay"] = relay.kick
-    worker = Worker(store, bus, cluster, settings) if with_worker else None
-    return Runtime(services, worker, relay)
+    runtime = Runtime(services, relay)
+    if with_worker:
+        driver = build_driver(settings, cluster)
+        services.southbound = driver
+        runtime.closers.append(driver.close)
+        attach_worker(runtime, settings, cluster, store, bus, driver, WorkerMetrics(registry))
+    return runtime
+
+
+def attach_worker(
+    runtime: Runtime,
+    settings: Settings,
+    cluster: Cluster,
+    store: Store,
+    bus: Any,
+    driver: SouthboundDriver,
+    metrics: WorkerMetrics,
+) -> None:
+    """Add the worker and the switch controller to `runtime`."""
+    repo = FabricRepository(store)
+    planner = FabricPlanner(repo, cluster)
+    controller = SwitchController(repo, driver, cluster, metrics)
+    worker = Worker(
+        store,
+        bus,
+        cluster,
+        settings,
+        planner=planner,
+        metrics=metrics,
+        on_fabric_change=controller.kick,
+    )
+    controller.on_failed_ports = worker.request_replan
+    runtime.worker = worker
+    runtime.controller = controller

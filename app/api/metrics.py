@@ -41,8 +41,10 @@ class _StateCollector(Collector):
 
 
 class ApiMetrics:
-    def __init__(self, store: Store, cluster: Cluster) -> None:
-        self.registry = CollectorRegistry()
+    def __init__(
+        self, store: Store, cluster: Cluster, registry: CollectorRegistry | None = None
+    ) -> None:
+        self.registry = registry or CollectorRegistry()
         self.request_seconds = Histogram(
             "lightpath_http_request_duration_seconds",
             "HTTP request latency by route",

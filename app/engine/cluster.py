@@ -268,6 +268,30 @@ def cluster_from_dict(data: Mapping[str, Any], name: str = "custom") -> Cluster:
     return cluster
 
 
+def without_failed_ports(cluster: Cluster, failed: Mapping[str, frozenset[int]]) -> Cluster:
+    """The cluster as the planner may use it: failed OXC ports unwired, uplinks reduced.
+
+    A circuit on a failed port (loss of light) carries nothing, so the planner
+    must place it elsewhere; pods lose the failed uplinks from their budgets.
+    """
+    if not any(failed.values()):
+        return cluster
+    lost: dict[str, int] = {}
+    oxcs = []
+    for oxc in cluster.oxcs:
+        dead = failed.get(oxc.id, frozenset())
+        pod_ports = {}
+        for pod_id, ports in oxc.pod_ports.items():
+            healthy = tuple(p for p in ports if p not in dead)
+            lost[pod_id] = lost.get(pod_id, 0) + len(ports) - len(healthy)
+            pod_ports[pod_id] = healthy
+        oxcs.append(Oxc(oxc.id, oxc.ports, oxc.reconfig_ms, pod_ports))
+    pods = tuple(
+        Pod(p.id, p.tors, max(0, p.uplink_ports - lost.get(p.id, 0))) for p in cluster.pods
+    )
+    return Cluster(cluster.name, cluster.gpus_per_server, cluster.nic_gbps, pods, tuple(oxcs))
+
+
 def cluster_to_dict(cluster: Cluster, used: Mapping[str, str] | None = None) -> dict[str, Any]:
     """The `GET /v1/cluster` shape; `used` maps server id to the job holding it."""
     used = used or {}

@@ -90,3 +90,57 @@ outbox = Table(
     Column("published_at", DateTime(timezone=True), nullable=True),
     Index("ix_outbox_unpublished", "published_at", "id"),
 )
+
+# Desired cross-connects (from the decision log), one row per port: the primary
+# key makes "one port in two cross-connects" impossible in the desired state.
+desired_ports = Table(
+    "desired_ports",
+    metadata,
+    Column("oxc_id", String(64), primary_key=True),
+    Column("port", Integer, primary_key=True),
+    Column("peer", Integer, nullable=False),
+    Column("job_id", String(200), nullable=False, index=True),
+)
+
+# What the switches reported at the last reconciliation pass, one row per port.
+confirmed_ports = Table(
+    "confirmed_ports",
+    metadata,
+    Column("oxc_id", String(64), primary_key=True),
+    Column("port", Integer, primary_key=True),
+    Column("peer", Integer, nullable=True),  # null: the port is failed and unconnected
+    Column("failed", Boolean, nullable=False, default=False),
+)
+
+# Fabric-wide facts the worker keeps between passes (MLU, pod circuits, ...).
+fabric_state = Table(
+    "fabric_state",
+    metadata,
+    Column("name", String(64), primary_key=True),
+    Column("value", JSON, nullable=False),
+    Column("updated_at", DateTime(timezone=True), nullable=False),
+)
+
+# Traffic-demand reports: one row per report (one communication phase).
+traffic_reports = Table(
+    "traffic_reports",
+    metadata,
+    Column("seq", BigInteger, primary_key=True, autoincrement=False),
+    Column("job_id", String(200), nullable=True, index=True),
+    Column("phase_started_at", Float, nullable=False),
+    Column("demands", JSON, nullable=False),
+    Column("received_at", DateTime(timezone=True), nullable=False),
+)
+
+# Per-job cycle predictor state, written with the traffic cursor it reflects.
+predictions = Table(
+    "predictions",
+    metadata,
+    Column("job_id", String(200), primary_key=True),
+    Column("algorithm", String(16), nullable=False),
+    Column("state", JSON, nullable=False),
+    Column("hits", Integer, nullable=False, default=0),
+    Column("misses", Integer, nullable=False, default=0),
+    Column("exposed_reconfig_s", Float, nullable=False, default=0.0),
+    Column("updated_at", DateTime(timezone=True), nullable=False),
+)

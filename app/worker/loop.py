@@ -2,7 +2,8 @@
 
 A periodic tick runs the same handlers with no message, so state recorded by
 the API is acted on even if its message was lost (the durable row is the
-truth; messages are only wake-ups).
+truth; messages are only wake-ups). Messages are acknowledged only after the
+effects of the pass are committed.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from app.bus.messages import AdmitJob, CompleteJob, Delivery, JobsChanged, Message
@@ -18,6 +19,8 @@ from app.engine.cluster import Cluster
 from app.settings import Settings
 from app.store import Store
 
+from .fabric_pass import FabricPlanner
+from .metrics import WorkerMetrics
 from .scheduler import schedule
 
 log = logging.getLogger("lightpath.worker")
@@ -30,22 +33,39 @@ class CommandBus(Protocol):
 
 
 class Worker:
-    """Runs the engine on every wake-up; one instance drives the cluster at a time."""
+    """Runs the engine on every wake-up; only the lease holder drives the cluster."""
 
-    def __init__(self, store: Store, bus: CommandBus, cluster: Cluster, settings: Settings) -> None:
+    def __init__(
+        self,
+        store: Store,
+        bus: CommandBus,
+        cluster: Cluster,
+        settings: Settings,
+        *,
+        planner: FabricPlanner,
+        metrics: WorkerMetrics,
+        on_fabric_change: Callable[[], None] = lambda: None,
+        extra_handlers: Sequence[Callable[[list[Message]], set[str]]] = (),
+    ) -> None:
         self.store = store
         self.bus = bus
         self.cluster = cluster
         self.settings = settings
+        self.planner = planner
+        self.metrics = metrics
+        self.on_fabric_change = on_fabric_change
+        self.extra_handlers = list(extra_handlers)
         self.passes = 0
+        self.replan = threading.Event()
 
     def handle(self, messages: list[Message]) -> None:
         """One pass over the current state, whatever woke us."""
-        reason = "arrival"
+        reason = "reconcile"
         if any(isinstance(m, CompleteJob) for m in messages):
             reason = "completion"
-        elif not any(isinstance(m, AdmitJob) for m in messages):
-            reason = "reconcile"
+        elif any(isinstance(m, AdmitJob) for m in messages):
+            reason = "arrival"
+        start = time.perf_counter()
         result = schedule(
             self.store,
             self.cluster,
@@ -53,21 +73,47 @@ class Worker:
             backfill=self.settings.backfill,
             reason=reason,
         )
-        self.passes += 1
+        self.metrics.placement_seconds.observe(time.perf_counter() - start)
+        self.metrics.jobs_placed.inc(len(result.placed))
+        self.metrics.decisions.labels("placement").inc(len(result.decision_seqs))
         changed = set(result.placed) | set(result.examined)
         changed.update(m.job_id for m in messages if isinstance(m, AdmitJob | CompleteJob))
+        if changed:  # launchers waiting for placement need not wait for the fabric
+            self.bus.announce(JobsChanged(tuple(sorted(changed))))
+        changed = set()
+        start = time.perf_counter()
+        forced = self.replan.is_set()
+        self.replan.clear()
+        fabric = self.planner.run(reason, force=forced)
+        if fabric.planned:
+            self.metrics.fabric_seconds.observe(time.perf_counter() - start)
+            self.metrics.decisions.labels("fabric").inc(len(fabric.decision_seqs))
+            if self.planner.previous is not None:
+                self.metrics.mlu.set(self.planner.previous.mlu)
+            changed.update(fabric.changed_jobs)
+            if fabric.decision_seqs:
+                self.on_fabric_change()
+        for handler in self.extra_handlers:
+            changed.update(handler(messages))
+        self.passes += 1
         if changed:
             self.bus.announce(JobsChanged(tuple(sorted(changed))))
 
-    def run(self, stop: threading.Event) -> None:
+    def request_replan(self) -> None:
+        self.replan.set()
+
+    def run(self, stop: threading.Event, is_leader: Callable[[], bool] = lambda: True) -> None:
         """Loop until `stop` is set; errors are logged and retried after a pause."""
         log.info("worker started", extra={"cluster": self.cluster.name})
         backoff_s = 0.1
         while not stop.is_set():
+            if not is_leader():
+                stop.wait(self.settings.worker_tick_s)  # a standby takes no messages
+                continue
             deliveries = self.bus.consume(self.settings.worker_tick_s)
             try:
                 self.handle([d.message for d in deliveries])
-                self.bus.ack(deliveries)  # only after the effects are committed
+                self.bus.ack(deliveries)
                 backoff_s = 0.1
             except Exception:
                 log.exception("worker pass failed; retrying")

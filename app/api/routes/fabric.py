@@ -9,6 +9,7 @@ from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
 from app.engine.cluster import cluster_to_dict
+from app.engine.cross_connects import CrossConnect, realised_circuits
 from app.store import DecisionRecord
 
 from ..deps import ServicesDep, require
@@ -60,3 +61,55 @@ async def list_decisions(
     records = await run_in_threadpool(services.store.decisions_after, after, limit)
     next_after = (records[-1].seq if records else after) + 1
     return JSONResponse({"decisions": [render_decision(d) for d in records], "next": next_after})
+
+
+def _oxc_view(pairs: dict[str, list[tuple[int, int, str | None]]]) -> list[dict[str, Any]]:
+    return [
+        {
+            "id": oxc_id,
+            "cross_connects": [{"a": a, "b": b, "job_id": job} for a, b, job in sorted(cc)],
+        }
+        for oxc_id, cc in sorted(pairs.items())
+    ]
+
+
+def topology_view(services: Any) -> dict[str, Any]:
+    """Confirmed cross-connects (with the job each serves) and desired where they differ."""
+    repo = services.extras["fabric"]
+    cluster = services.cluster
+    desired = repo.load_desired()
+    owner = {cc.key: cc.job_id for cc in desired}
+    confirmed = repo.load_confirmed()
+    confirmed_ccs = [
+        CrossConnect(o, a, b, owner.get((o, a, b), ""))
+        for o, c in confirmed.items()
+        for a, b in c.cross_connects
+    ]
+    confirmed_pairs: dict[str, list[tuple[int, int, str | None]]] = {o.id: [] for o in cluster.oxcs}
+    for cc in confirmed_ccs:
+        confirmed_pairs[cc.oxc_id].append((cc.port_a, cc.port_b, cc.job_id or None))
+    body: dict[str, Any] = {
+        "pod_circuits": realised_circuits(cluster, confirmed_ccs).to_dict(),
+        "oxcs": _oxc_view(confirmed_pairs),
+        "failed_ports": {o: sorted(c.failed_ports) for o, c in confirmed.items() if c.failed_ports},
+    }
+    facts = repo.fact("fabric") or {}
+    body["mlu"] = facts.get("mlu")
+    body["time_division"] = facts.get("time_division", [])
+    if {cc.key for cc in desired} != {cc.key for cc in confirmed_ccs}:
+        desired_pairs: dict[str, list[tuple[int, int, str | None]]] = {
+            o.id: [] for o in cluster.oxcs
+        }
+        for cc in desired:
+            desired_pairs[cc.oxc_id].append((cc.port_a, cc.port_b, cc.job_id))
+        body["desired"] = {
+            "pod_circuits": realised_circuits(cluster, desired).to_dict(),
+            "oxcs": _oxc_view(desired_pairs),
+        }
+    return body
+
+
+@router.get("/topology", summary="Cross-connects the switches confirmed, and desired ones")
+async def get_topology(services: ServicesDep, _scope: Annotated[Any, require()]) -> JSONResponse:
+    """What the OXCs hold now (as last confirmed), `desired` where it differs, MLU."""
+    return JSONResponse(await run_in_threadpool(topology_view, services))

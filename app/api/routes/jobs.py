@@ -168,6 +168,7 @@ async def get_job(
         record = await wait_for_job(
             services, job_id, lambda r: _STATE_RANK[r.state] >= target, timeout_s
         )
+        services.read_cache.invalidate([job_id])  # this read is newer than any cached view
     if record is None:
         raise Problem(404, "Not found", f"no job {job_id}", kind="unknown-job")
     return JSONResponse(render_job(record))
