@@ -27,9 +27,11 @@ from app.settings import Settings
 from app.southbound import HttpDriver, InProcessDriver, SouthboundDriver
 from app.store import Store, create_db_engine
 from app.store.fabric_repository import FabricRepository
+from app.store.traffic_repository import TrafficRepository
 from app.worker import Worker
 from app.worker.fabric_pass import FabricPlanner
 from app.worker.metrics import WorkerMetrics
+from app.worker.prediction_pass import PredictionHandler
 from app.worker.switch_controller import SwitchController
 
 
@@ -122,6 +124,7 @@ def build_runtime(settings: Settings, cluster: Cluster, *, with_worker: bool = T
     )
     services.extras["metrics"] = ApiMetrics(store, cluster, registry=registry)
     services.extras["fabric"] = FabricRepository(store)
+    services.extras["traffic"] = TrafficRepository(store)
     bus.listen(services.read_cache.on_change)
     bus.listen(services.waiters.on_change)
     relay = OutboxRelay(store, bus.publish)
@@ -148,6 +151,10 @@ def attach_worker(
     repo = FabricRepository(store)
     planner = FabricPlanner(repo, cluster)
     controller = SwitchController(repo, driver, cluster, metrics)
+    predictions = PredictionHandler(
+        TrafficRepository(store), repo, planner, cluster, metrics, settings.predictor
+    )
+    predictions.on_rewire.append(controller.kick)
     worker = Worker(
         store,
         bus,
@@ -156,6 +163,7 @@ def attach_worker(
         planner=planner,
         metrics=metrics,
         on_fabric_change=controller.kick,
+        extra_handlers=[predictions],
     )
     controller.on_failed_ports = worker.request_replan
     runtime.worker = worker

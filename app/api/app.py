@@ -9,7 +9,7 @@ from .deps import Services
 from .metrics import ApiMetrics
 from .middleware import BodyLimit, RequestTiming
 from .problems import install_problem_handlers
-from .routes import fabric, jobs, ops
+from .routes import advice, fabric, jobs, ops, telemetry
 
 DESCRIPTION = """Online scheduler control plane for optically interconnected GPU datacenters.
 
@@ -45,7 +45,7 @@ def create_app(services: Services) -> FastAPI:
         services.extras["metrics"] = metrics
     services.extras.setdefault("kick_relay", lambda: None)
     install_problem_handlers(app)
-    for router in (jobs.router, fabric.router, ops.router):
+    for router in (jobs.router, telemetry.router, advice.router, fabric.router, ops.router):
         app.include_router(router)
     for extra in services.extras.get("routers", ()):
         app.include_router(extra)

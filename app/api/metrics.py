@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -51,5 +51,11 @@ class ApiMetrics:
             ["method", "route", "status"],
             registry=self.registry,
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+        )
+        self.traffic_reports = Counter(
+            "lightpath_traffic_reports", "Traffic reports accepted", registry=self.registry
+        )
+        self.traffic_demands = Counter(
+            "lightpath_traffic_demands", "Demand entries accepted", registry=self.registry
         )
         self.registry.register(_StateCollector(store, cluster))

@@ -49,6 +49,9 @@ class ModelIn(_Strict):
     microbatch_size: Annotated[StrictInt, Field(ge=1)] | None = None
     optimizer: Literal["adam", "sgd"] | None = None
     activation_checkpointing: StrictBool | None = None
+    zero_stage: Annotated[StrictInt, Field(ge=0, le=3)] | None = Field(
+        None, description="ZeRO stage for the memory check (default LIGHTPATH_DEFAULT_ZERO_STAGE)"
+    )
 
 
 class ComputeIn(_Strict):
@@ -143,3 +146,87 @@ class DecisionOut(BaseModel):
 class DecisionPage(BaseModel):
     decisions: list[DecisionOut]
     next: int = Field(description="first seq not in this page; resume with after=next-1")
+
+
+class DemandIn(_Strict):
+    """Bytes one server sent another during the phase."""
+
+    src: str = Field(min_length=1, max_length=200)
+    dst: str = Field(min_length=1, max_length=200)
+    bytes: Annotated[float, Field(ge=0, allow_inf_nan=False)]
+
+
+class ReportIn(_Strict):
+    """One communication phase as the network saw it."""
+
+    job_id: str | None = Field(
+        None, pattern=JOB_ID_PATTERN, description="when the network knows it"
+    )
+    phase_started_at: Annotated[float, Field(ge=0, allow_inf_nan=False)] = Field(
+        description="epoch seconds when the phase's first bytes were seen"
+    )
+    demands: list[DemandIn] = Field(min_length=1, max_length=100_000)
+
+
+class TrafficIn(_Strict):
+    """`POST /v1/traffic`: a batch, accepted or refused as a whole."""
+
+    reports: list[ReportIn] = Field(min_length=1, max_length=10_000)
+
+
+class TrafficAccepted(BaseModel):
+    accepted: int
+    last_seq: int
+
+
+class PredictionOut(BaseModel):
+    job_id: str
+    algorithm: str
+    period: int | None
+    cycle_count: int
+    queue: list[str]
+    next_plan: str | None
+    installed_plan: str | None = None
+    hits: int
+    misses: int
+    exposed_reconfig_s: float | None = None
+
+
+class AdviceModelIn(_Strict):
+    parameters: PositiveNumber
+    bytes_per_parameter: Annotated[float, Field(gt=0, le=16, allow_inf_nan=False)] = 2.0
+    hidden_size: Annotated[StrictInt, Field(ge=1)] | None = None
+    num_layers: Annotated[StrictInt, Field(ge=1)] | None = None
+    seq_len: Annotated[StrictInt, Field(ge=1)] | None = None
+    attention_heads: Annotated[StrictInt, Field(ge=1)] | None = None
+    optimizer: Literal["adam", "sgd"] = "adam"
+    activation_checkpointing: StrictBool = False
+    zero_stage: Annotated[StrictInt, Field(ge=0, le=3)] = 0
+
+
+class AdviceParallelismIn(_Strict):
+    tp: Degree = 1
+    pp: Degree = 1
+    dp: Degree = 1
+    ep: Degree = 1
+
+
+class AdviceIn(_Strict):
+    """`POST /v1/advice/batch-size`: the largest micro-batch that fits GPU memory."""
+
+    model: AdviceModelIn
+    parallelism: AdviceParallelismIn
+    gpu_memory_bytes: Annotated[float, Field(gt=0, allow_inf_nan=False)]
+
+
+class MemoryOut(BaseModel):
+    fixed: float
+    activations: float
+    gradients: float
+    total: float
+
+
+class AdviceOut(BaseModel):
+    max_microbatch: int
+    memory_bytes: MemoryOut
+    fits: bool

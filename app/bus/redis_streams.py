@@ -309,6 +309,8 @@ class RedisStreamsBus:
 
     def close(self) -> None:
         """Stop the listener thread, leave the group if nothing is pending, drop connections."""
+        if self._closing.is_set():
+            return
         self._closing.set()
         thread = self._listen_thread
         if thread is not None:

@@ -57,6 +57,7 @@ class ModelFacts:
     microbatch_size: int | None = None
     optimizer: str | None = None
     activation_checkpointing: bool | None = None
+    zero_stage: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -49,6 +49,27 @@ def _port_rows(cross_connects: Iterable[CrossConnect]) -> list[dict[str, Any]]:
     return rows
 
 
+def replace_desired(conn: Any, cross_connects: Iterable[CrossConnect]) -> None:
+    """Make the desired-ports table hold exactly `cross_connects`, touching only changes."""
+    wanted = {(r["oxc_id"], r["port"]): r for r in _port_rows(cross_connects)}
+    existing = {(r.oxc_id, r.port): r for r in conn.execute(select(t.desired_ports))}
+    gone = {
+        key
+        for key, row in existing.items()
+        if key not in wanted
+        or (wanted[key]["peer"], wanted[key]["job_id"]) != (row.peer, row.job_id)
+    }
+    for oxc_id, port in gone:
+        conn.execute(
+            delete(t.desired_ports)
+            .where(t.desired_ports.c.oxc_id == oxc_id)
+            .where(t.desired_ports.c.port == port)
+        )
+    fresh = [row for key, row in wanted.items() if key not in existing or key in gone]
+    if fresh:
+        conn.execute(insert(t.desired_ports), fresh)
+
+
 class FabricRepository:
     """Reads and writes of the fabric tables over a `Store`'s engines."""
 
@@ -101,25 +122,8 @@ class FabricRepository:
     ) -> list[int]:
         """Replace the desired state, update collectives, log decisions: one transaction."""
         now = utcnow()
-        wanted = {(r["oxc_id"], r["port"]): r for r in _port_rows(cross_connects)}
         with self.store.write_engine.begin() as conn:
-            existing = {(r.oxc_id, r.port): r for r in conn.execute(select(t.desired_ports))}
-            gone = [
-                key
-                for key, row in existing.items()
-                if key not in wanted
-                or (wanted[key]["peer"], wanted[key]["job_id"]) != (row.peer, row.job_id)
-            ]
-            for oxc_id, port in gone:
-                conn.execute(
-                    delete(t.desired_ports)
-                    .where(t.desired_ports.c.oxc_id == oxc_id)
-                    .where(t.desired_ports.c.port == port)
-                )
-            gone_set = set(gone)
-            fresh = [row for key, row in wanted.items() if key not in existing or key in gone_set]
-            if fresh:
-                conn.execute(insert(t.desired_ports), fresh)
+            replace_desired(conn, cross_connects)
             for job_id, collective in collectives.items():
                 conn.execute(
                     update(t.jobs)

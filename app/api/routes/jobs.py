@@ -18,6 +18,7 @@ from app.store.mapping import job_from_body
 from ..deps import Services, ServicesDep, require
 from ..problems import Problem
 from ..schemas import JOB_ID_PATTERN, JobIn, JobListOut, JobOut
+from .advice import refuse_if_out_of_memory
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
@@ -103,9 +104,7 @@ async def submit_job(
                 "cluster_servers": services.cluster.server_count,
             },
         )
-    check = services.extras.get("admission_check")
-    if check is not None:
-        check(engine_job)
+    refuse_if_out_of_memory(services, engine_job)
     record, created = await run_in_threadpool(
         services.store.submit_job,
         job.job_id,

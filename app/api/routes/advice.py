@@ -1,0 +1,77 @@
+"""Resource advice from the memory model of the batch-size note (seeds/004)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse
+
+from app.engine.job import Job
+from app.engine.memory import MemorySetup, Optimizer, check_job_memory, max_microbatch
+
+from ..deps import Services, ServicesDep, require
+from ..problems import Problem
+from ..schemas import AdviceIn, AdviceOut
+
+router = APIRouter(prefix="/v1/advice", tags=["advice"])
+
+
+@router.post("/batch-size", response_model=AdviceOut, summary="Largest micro-batch that fits")
+async def advise_batch_size(
+    body: AdviceIn, _services: ServicesDep, _scope: Annotated[Any, require("launcher")]
+) -> JSONResponse:
+    """M(b) = M_fixed + M_activation(b) + M_gradient(b) per GPU; the largest b that fits.
+
+    When even b = 1 does not fit, `fits` is false, `max_microbatch` 0 and the
+    breakdown is that of b = 1.
+    """
+    m, par = body.model, body.parallelism
+    setup = MemorySetup(
+        parameters=m.parameters,
+        bytes_per_parameter=m.bytes_per_parameter,
+        hidden_size=m.hidden_size,
+        num_layers=m.num_layers,
+        seq_len=m.seq_len,
+        attention_heads=m.attention_heads,
+        optimizer=Optimizer(m.optimizer),
+        activation_checkpointing=m.activation_checkpointing,
+        tp=par.tp,
+        pp=par.pp,
+        dp=par.dp,
+        zero_stage=m.zero_stage,
+    )
+    advice = max_microbatch(setup, body.gpu_memory_bytes)
+    return JSONResponse(
+        {
+            "max_microbatch": advice.max_microbatch,
+            "memory_bytes": advice.memory_bytes.as_dict(),
+            "fits": advice.fits,
+        }
+    )
+
+
+def refuse_if_out_of_memory(services: Services, job: Job) -> None:
+    """Admission: a job whose stated plan cannot fit GPU memory gets 422 and the breakdown."""
+    settings = services.settings
+    zero = job.model.zero_stage if job.model and job.model.zero_stage is not None else None
+    check = check_job_memory(
+        job,
+        settings.gpu_memory_bytes,
+        tp=services.cluster.gpus_per_server,
+        zero_stage=settings.default_zero_stage if zero is None else zero,
+    )
+    if check is None or check.fits:
+        return
+    raise Problem(
+        422,
+        "Job does not fit GPU memory",
+        "; ".join(check.reasons),
+        kind="out-of-memory",
+        extra={
+            "reasons": list(check.reasons),
+            "memory_bytes": check.memory_bytes.as_dict(),
+            "gpu_memory_bytes": settings.gpu_memory_bytes,
+            "microbatch": check.microbatch,
+        },
+    )

@@ -1,0 +1,114 @@
+"""Traffic-demand reports from the network, and what the cycle predictor made of them."""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated, Any
+
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse
+from starlette.concurrency import run_in_threadpool
+
+from ..deps import Services, ServicesDep, require
+from ..problems import Problem
+from ..schemas import PredictionOut, TrafficAccepted, TrafficIn
+from .jobs import JobIdPath
+
+router = APIRouter(prefix="/v1", tags=["telemetry"])
+_PROBLEMS = {"application/problem+json": {"schema": {"$ref": "#/components/schemas/Problem"}}}
+
+
+def _check_servers(services: Services, batch: TrafficIn) -> list[list[Any]]:
+    """Each report's demands as [src, dst, bytes]; refuses the batch on unknown servers."""
+    has = services.cluster.has_server
+    errors = []
+    rows = []
+    for i, report in enumerate(batch.reports):
+        demands = []
+        for k, d in enumerate(report.demands):
+            for end in ("src", "dst"):
+                if not has(getattr(d, end)):
+                    errors.append(
+                        {
+                            "field": f"body.reports.{i}.demands.{k}.{end}",
+                            "message": f"unknown server {getattr(d, end)!r}",
+                            "type": "unknown_server",
+                        }
+                    )
+            if d.src == d.dst:
+                errors.append(
+                    {
+                        "field": f"body.reports.{i}.demands.{k}",
+                        "message": "a demand joins two different servers",
+                        "type": "same_server",
+                    }
+                )
+            demands.append([d.src, d.dst, d.bytes])
+        rows.append(demands)
+    if errors:
+        raise Problem(
+            422,
+            "Invalid request",
+            f"{len(errors)} demand(s) name unknown servers or a server to itself; "
+            "the batch was refused whole",
+            kind="validation",
+            extra={"errors": errors[:100]},
+        )
+    return rows
+
+
+@router.post(
+    "/traffic",
+    status_code=202,
+    response_model=TrafficAccepted,
+    summary="Traffic-demand reports (one report = one communication phase)",
+    responses={413: {"content": _PROBLEMS}, 422: {"content": _PROBLEMS}},
+)
+async def report_traffic(
+    batch: TrafficIn, services: ServicesDep, _scope: Annotated[Any, require("telemetry")]
+) -> JSONResponse:
+    """Store a batch durably and hand it to the worker; accepted or refused as a whole."""
+    demands = _check_servers(services, batch)
+    reports = [
+        {"job_id": r.job_id, "phase_started_at": r.phase_started_at, "demands": d}
+        for r, d in zip(batch.reports, demands, strict=True)
+    ]
+    traffic = services.extras["traffic"]
+    count, last = await run_in_threadpool(traffic.ingest, reports)
+    services.extras["kick_relay"]()
+    metrics = services.extras["metrics"]
+    metrics.traffic_reports.inc(count)
+    metrics.traffic_demands.inc(sum(len(d) for d in demands))
+    return JSONResponse({"accepted": count, "last_seq": last}, status_code=202)
+
+
+@router.get(
+    "/predictions/{job_id}",
+    response_model=PredictionOut,
+    summary="A job's learned communication cycle",
+    responses={404: {"content": _PROBLEMS}},
+)
+async def get_prediction(
+    job_id: JobIdPath, services: ServicesDep, _scope: Annotated[Any, require()]
+) -> JSONResponse:
+    """Period, queue of plans, the next plan to install, hits and misses so far."""
+    record = await run_in_threadpool(services.store.get_job, job_id)
+    if record is None:
+        raise Problem(404, "Not found", f"no job {job_id}", kind="unknown-job")
+    row = await run_in_threadpool(services.extras["traffic"].prediction, job_id)
+    state = row.state if row else {}
+    exposed = row.exposed_reconfig_s if row else 0.0
+    return JSONResponse(
+        {
+            "job_id": job_id,
+            "algorithm": row.algorithm if row else services.settings.predictor,
+            "period": state.get("period"),
+            "cycle_count": state.get("cycle_count", 0),
+            "queue": state.get("queue", []),
+            "next_plan": state.get("next_plan"),
+            "installed_plan": state.get("installed_plan"),
+            "hits": row.hits if row else 0,
+            "misses": row.misses if row else 0,
+            "exposed_reconfig_s": exposed if math.isfinite(exposed) else None,
+        }
+    )
