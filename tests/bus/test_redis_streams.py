@@ -17,11 +17,28 @@ import redis
 from app.bus.errors import BusError, BusUnavailable
 from app.bus.messages import AdmitJob, CompleteJob, Delivery, JobsChanged, ReportTraffic
 from app.bus.redis_streams import RedisStreamsBus
+from tests.bus.tcp_proxy import TcpProxy
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(30)]
 
 REPO = Path(__file__).resolve().parents[2]
 CLOSED_PORT_URL = "redis://127.0.0.1:1/15"
+
+
+@pytest.fixture
+def proxy(redis_url: str) -> Iterator[TcpProxy]:
+    """A link to the real Redis that a test can cut and restore."""
+    host_port = redis_url.split("//", 1)[1].split("/", 1)[0]
+    host, _, port = host_port.partition(":")
+    link = TcpProxy((host, int(port or 6379)))
+    link.start()
+    yield link
+    link.cut()
+
+
+def via(proxy: TcpProxy, redis_url: str) -> str:
+    """`redis_url` routed through the proxy (same database)."""
+    return f"redis://127.0.0.1:{proxy.port}/{redis_url.rsplit('/', 1)[1]}"
 
 
 @pytest.fixture
@@ -36,7 +53,8 @@ def make_bus(redis_url: str, prefix: str) -> Iterator[Callable[..., RedisStreams
             "claim_idle_ms": 200,
         }
         options.update(kwargs)
-        bus = RedisStreamsBus(redis_url, **options)  # type: ignore[arg-type]
+        url = str(options.pop("redis_url", redis_url))
+        bus = RedisStreamsBus(url, **options)  # type: ignore[arg-type]
         made.append(bus)
         return bus
 
@@ -52,6 +70,15 @@ def consume_until(bus: RedisStreamsBus, count: int, deadline_s: float = 5.0) -> 
     while len(got) < count and time.monotonic() < deadline:
         got.extend(bus.consume(0.1))
     return got
+
+
+def wait_until(condition: Callable[[], bool], timeout_s: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.05)
+    return False
 
 
 def pending_count(admin: redis.Redis, bus: RedisStreamsBus) -> int:
@@ -276,6 +303,64 @@ def test_listener_reconnects_after_redis_drops_the_connection(
         announcer.announce(JobsChanged(("after",)))
         time.sleep(0.05)
     assert JobsChanged(("after",)) in got
+
+
+def test_listener_resubscribes_after_redis_was_unreachable_for_a_while(
+    make_bus: Callable[..., RedisStreamsBus], proxy: TcpProxy, redis_url: str
+) -> None:
+    announcer = make_bus()
+    listening = make_bus(redis_url=via(proxy, redis_url))
+    got: list[JobsChanged] = []
+    listening.listen(got.append)
+    announcer.announce(JobsChanged(("before",)))
+    assert wait_until(lambda: JobsChanged(("before",)) in got)
+
+    proxy.cut()  # every reconnect is refused now: the thread must back off and retry
+    time.sleep(0.6)
+    proxy.start()
+
+    def heard_after() -> bool:
+        announcer.announce(JobsChanged(("after",)))
+        return JobsChanged(("after",)) in got
+
+    assert wait_until(heard_after, timeout_s=10)
+
+
+def test_consume_and_publish_recover_when_redis_comes_back(
+    make_bus: Callable[..., RedisStreamsBus], proxy: TcpProxy, redis_url: str
+) -> None:
+    bus = make_bus(redis_url=via(proxy, redis_url))
+    bus.publish(AdmitJob("one"))
+    bus.ack(bus.consume(0.5))
+
+    proxy.cut()
+    with pytest.raises(BusUnavailable):
+        bus.consume(0.1)
+    with pytest.raises(BusUnavailable):
+        bus.publish(AdmitJob("lost"))
+    with pytest.raises(BusUnavailable):
+        bus.ping()
+    proxy.start()
+
+    bus.ping()
+    bus.publish(AdmitJob("two"))
+    assert [d.message for d in bus.consume(0.5)] == [AdmitJob("two")]
+
+
+def test_close_leaves_the_group_only_without_pending_entries(
+    make_bus: Callable[..., RedisStreamsBus], admin: redis.Redis
+) -> None:
+    idle, busy = make_bus(consumer="idle"), make_bus(consumer="busy")
+    idle.publish(AdmitJob("a"))
+    idle.ack(idle.consume(0.5))
+    busy.publish(AdmitJob("b"))
+    assert busy.consume(0.5)  # never acked
+
+    idle.close()
+    busy.close()
+
+    names = {c["name"] for c in admin.xinfo_consumers(idle.stream, idle.group)}
+    assert names == {b"busy"}  # its entry stays claimable
 
 
 def test_ping_succeeds_on_the_live_server(make_bus: Callable[..., RedisStreamsBus]) -> None:

@@ -81,10 +81,12 @@ def test_standby_takes_over_after_the_ttl_when_the_holder_stops_renewing(
     took_s = wait_for(b.try_acquire, timeout_s=5 * TTL_S)
 
     assert took_s is not None
-    assert TTL_S * 0.5 < took_s < TTL_S * 2
+    assert TTL_S * 0.5 < took_s < TTL_S * 4  # generous upper bound for a loaded machine
     assert b.is_held
     assert b.token is not None and b.token > first_token  # a stale leader is detectable
     assert not a.is_held  # its own clock already told it
+    a.release()  # a stale holder's release must not drop the new holder's key
+    assert b.renew()
     assert not a.renew()  # and Redis confirms it lost
     assert a.token is None
     assert not a.try_acquire()
@@ -114,7 +116,7 @@ def test_release_by_a_non_holder_is_a_no_op(
     assert not a.is_held
     assert admin.get(f"{prefix}:leader") is None
     assert b.try_acquire()  # at once, no ttl wait
-    a.release()  # a stale release must not drop b's lease
+    a.release()  # released already: nothing left to do
     assert b.renew()
 
 
@@ -160,8 +162,10 @@ def test_leader_loops_never_lead_together_and_hand_over_on_stop(
     try:
         end = time.monotonic() + 4 * TTL_S  # several ttls: the leader keeps renewing
         while time.monotonic() < end:
-            assert first.is_leader() and not second.is_leader()
+            assert not (first.is_leader() and second.is_leader())
             time.sleep(0.01)
+        assert first.is_leader()
+        assert [name for name, _ in elected] == ["first"]
 
         first.stop()  # releases: the standby needs one interval, not a ttl
         took_s = wait_for(second.is_leader, 2.0)
@@ -205,7 +209,9 @@ def test_standby_takes_over_within_the_ttl_of_a_sigkilled_leader(
         child.wait(timeout=5)
         took_s = wait_for(standby.is_leader, 5.0)
 
-        assert took_s is not None and took_s < TTL_S + TTL_S / 3 + 0.3
+        # Bound: ttl after the leader's last renewal plus one standby interval (ttl/3);
+        # the slack absorbs a loaded machine while staying far below "a few seconds".
+        assert took_s is not None and took_s < 2.0
         token = standby.lease.token
         assert token is not None and token > leader_token
         assert not deposed.is_set()
