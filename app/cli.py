@@ -97,6 +97,119 @@ def serve(host: HostOpt = "127.0.0.1", port: PortOpt = 8080, cluster: ClusterOpt
 
 
 @cli.command()
+def api(host: HostOpt = "127.0.0.1", port: PortOpt = 8080, cluster: ClusterOpt = None) -> None:
+    """The API process alone (records requests; a separate worker acts on them)."""
+    settings = _settings(cluster)
+    _refuse_open_bind(settings, host)
+    topology = _load_cluster(settings)
+    from app.api import create_app
+    from app.wiring import build_api_runtime
+
+    runtime = build_api_runtime(settings, topology)
+    runtime.start()
+    log.info("api serving", extra={"host": host, "port": port, "cluster": topology.name})
+    try:
+        _serve_http(create_app(runtime.services), host, port)
+    finally:
+        runtime.stop()
+
+
+@cli.command()
+def worker(
+    cluster: ClusterOpt = None,
+    metrics_host: Annotated[str | None, typer.Option(help="probe/metrics address")] = None,
+    metrics_port: Annotated[int | None, typer.Option(help="probe/metrics port")] = None,
+) -> None:
+    """The worker process: leader-elected scheduler, fabric planner and switch controller."""
+    settings = _settings(cluster)
+    topology = _load_cluster(settings)
+    from app.wiring import build_worker_runtime
+    from app.worker.http import create_worker_app
+
+    runtime = build_worker_runtime(settings, topology)
+    runtime.start()
+    host = metrics_host or settings.worker_metrics_host
+    port = metrics_port if metrics_port is not None else settings.worker_metrics_port
+    log.info("worker running", extra={"cluster": topology.name, "metrics_port": port})
+    try:
+        _serve_http(create_worker_app(runtime), host, port)
+    finally:
+        runtime.stop()
+
+
+@cli.command("mock-oxc")
+def mock_oxc(host: HostOpt = "127.0.0.1", port: PortOpt = 9090, cluster: ClusterOpt = None) -> None:
+    """Mock optical circuit switches (one per OXC of the cluster) over HTTP; one replica."""
+    settings = _settings(cluster)
+    topology = _load_cluster(settings)
+    from app.southbound.mock_oxc import create_mock_oxc_app
+
+    app = create_mock_oxc_app(
+        topology,
+        reconfig_ms=None,
+        fault_rate=settings.mock_fault_rate,
+        seed=settings.mock_fault_seed,
+    )
+    log.info("mock-oxc serving", extra={"host": host, "port": port, "oxcs": len(topology.oxcs)})
+    _serve_http(app, host, port)
+
+
+@cli.command()
+def predict(
+    plans: Annotated[list[str], typer.Argument(help="symbolic plan ids, e.g. P D P D")],
+    algorithm: Annotated[str, typer.Option(help="seed or lightpath")] = "lightpath",
+) -> None:
+    """Run a cycle predictor over a sequence of plans: one line per step, then misses=N."""
+    from app.engine.predictor import ALGORITHMS, format_steps, run_predictor
+
+    if algorithm not in ALGORITHMS:
+        typer.echo(f"error: --algorithm must be one of {', '.join(ALGORITHMS)}", err=True)
+        raise typer.Exit(2)
+    for line in format_steps(run_predictor(algorithm, plans)):
+        print(line)
+
+
+@cli.command()
+def simulate(
+    workload: Annotated[str, typer.Option(help="workload JSON Lines file")],
+    cluster: Annotated[str, typer.Option(help="preset or cluster file")] = "seed-15k",
+    policy: Annotated[str | None, typer.Option(help="one policy")] = None,
+    compare: Annotated[str | None, typer.Option(help="comma-separated policies")] = None,
+    out: Annotated[str | None, typer.Option(help="directory for summary, plots")] = None,
+    seed: Annotated[int, typer.Option(help="random seed")] = 0,
+    reconfig_ms: Annotated[float | None, typer.Option(help="OXC reconfiguration latency")] = None,
+) -> None:
+    """Replay a workload through the engine on simulated time."""
+    from app.logs import configure_logging
+
+    configure_logging("WARNING")
+    if (policy is None) == (compare is None):
+        typer.echo("error: give exactly one of --policy or --compare", err=True)
+        raise typer.Exit(2)
+    policies = [policy] if policy else [p.strip() for p in (compare or "").split(",") if p.strip()]
+    from app.sim.commands import run_simulate
+
+    raise typer.Exit(run_simulate(cluster, workload, policies, out, seed, reconfig_ms))
+
+
+workload_cli = typer.Typer(help="Build workload files for `simulate`.", no_args_is_help=True)
+cli.add_typer(workload_cli, name="workload")
+
+
+@workload_cli.command("from-trace")
+def workload_from_trace(
+    trace: Annotated[str, typer.Option(help="a public cluster trace CSV (Acme Kalos)")],
+    out: Annotated[str, typer.Option(help="workload JSON Lines to write")],
+    jobs: Annotated[int | None, typer.Option(help="keep the first N jobs")] = None,
+    seed: Annotated[int, typer.Option(help="random seed for plan choice")] = 0,
+) -> None:
+    """Build a workload from a public trace and the model tables in shared/data/."""
+    from app.sim.commands import run_from_trace
+
+    raise typer.Exit(run_from_trace(trace, out, jobs, seed))
+
+
+@cli.command()
 def migrate() -> None:
     """Apply database migrations (Alembic) to LIGHTPATH_DATABASE_URL."""
     settings = _settings(None)

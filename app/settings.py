@@ -39,6 +39,8 @@ class Settings(BaseSettings):
     admit_wait_s: float = Field(2.0, ge=0)
     worker_tick_s: float = Field(1.0, gt=0)
     read_cache_ttl_s: float = Field(1.0, ge=0)
+    worker_metrics_host: str = "127.0.0.1"
+    worker_metrics_port: int = Field(9100, ge=0, le=65535)
     gpu_memory_bytes: float = Field(80 * 1024**3, gt=0)
     default_zero_stage: int = Field(1, ge=0, le=3)
 

@@ -168,3 +168,80 @@ def attach_worker(
     controller.on_failed_ports = worker.request_replan
     runtime.worker = worker
     runtime.controller = controller
+
+
+def build_bus(settings: Settings) -> Any:
+    """Redis Streams when LIGHTPATH_REDIS_URL is set, else the in-process bus."""
+    if settings.redis_url:
+        from app.bus.redis_streams import RedisStreamsBus
+
+        return RedisStreamsBus(settings.redis_url)
+    return InProcessBus()
+
+
+def build_api_runtime(settings: Settings, cluster: Cluster) -> Runtime:
+    """The `lightpath api` process: routes, outbox relay, change notices; no worker.
+
+    Without Redis the separate worker still acts on every tick (it reads the
+    database, not the messages), and waiters poll the database.
+    """
+    store = build_store(settings)
+    bus = build_bus(settings)
+    registry = CollectorRegistry()
+    services = Services(
+        settings=settings,
+        cluster=cluster,
+        store=store,
+        bus=bus,
+        read_cache=JobViewCache(ttl_s=settings.read_cache_ttl_s),
+    )
+    services.extras["metrics"] = ApiMetrics(store, cluster, registry=registry)
+    services.extras["fabric"] = FabricRepository(store)
+    services.extras["traffic"] = TrafficRepository(store)
+    if settings.redis_url:
+        bus.listen(services.read_cache.on_change)
+        bus.listen(services.waiters.on_change)
+        relay: OutboxRelay | None = OutboxRelay(store, bus.publish)
+    else:
+        relay = None  # nobody to publish to: the worker's tick picks the rows up
+    runtime = Runtime(services, relay)
+    services.extras["kick_relay"] = relay.kick if relay else (lambda: None)
+    runtime.closers.append(bus.close)
+    if settings.southbound_url:  # only for /readyz: the worker drives the switches
+        services.southbound = HttpDriver(settings.southbound_url)
+        runtime.closers.append(services.southbound.close)
+    return runtime
+
+
+def build_worker_runtime(settings: Settings, cluster: Cluster) -> Runtime:
+    """The `lightpath worker` process: leader-elected worker and switch controller."""
+    from app.worker.lease import LeaderLoop, LocalLease, RedisLease
+
+    store = build_store(settings)
+    bus = build_bus(settings)
+    registry = CollectorRegistry()
+    services = Services(settings=settings, cluster=cluster, store=store, bus=bus)
+    services.extras["metrics"] = ApiMetrics(store, cluster, registry=registry)
+    driver = build_driver(settings, cluster)
+    services.southbound = driver
+    runtime = Runtime(services, None)
+    metrics = WorkerMetrics(registry)
+    attach_worker(runtime, settings, cluster, store, bus, driver, metrics)
+    lease = RedisLease(settings.redis_url) if settings.redis_url else LocalLease()
+    worker = runtime.worker
+    assert worker is not None
+
+    def elected(token: int | None) -> None:
+        metrics.is_leader.set(1)
+        worker.take_over()
+        if runtime.controller is not None:
+            runtime.controller.kick()
+
+    def deposed() -> None:
+        metrics.is_leader.set(0)
+
+    leader = LeaderLoop(lease, on_elected=elected, on_deposed=deposed)
+    runtime.is_leader = leader.is_leader
+    leader.start()
+    runtime.closers.extend([leader.stop, driver.close, bus.close])
+    return runtime

@@ -64,6 +64,11 @@ class FabricPlanner:
         self.previous: FabricPlan | None = None
         self._seen: tuple[Any, ...] | None = None
 
+    def reset(self) -> None:
+        """Drop the in-memory plan; the next pass starts from the stored desired state."""
+        self.previous = None
+        self._seen = None
+
     def run(self, reason: str, *, force: bool = False) -> FabricPassResult:
         rows = self.repo.load_placed_jobs()
         failed = self.repo.load_failed_ports()

@@ -102,6 +102,15 @@ class Worker:
     def request_replan(self) -> None:
         self.replan.set()
 
+    def take_over(self) -> None:
+        """Forget in-memory plans: a new leader starts from the durable state."""
+        self.planner.reset()
+        for handler in self.extra_handlers:
+            reset = getattr(handler, "reset", None)
+            if reset is not None:
+                reset()
+        self.replan.set()
+
     def run(self, stop: threading.Event, is_leader: Callable[[], bool] = lambda: True) -> None:
         """Loop until `stop` is set; errors are logged and retried after a pause."""
         log.info("worker started", extra={"cluster": self.cluster.name})
@@ -116,7 +125,8 @@ class Worker:
                 self.bus.ack(deliveries)
                 backoff_s = 0.1
             except Exception:
-                log.exception("worker pass failed; retrying")
+                log.exception("worker pass failed; retrying from the durable state")
+                self.take_over()
                 time.sleep(backoff_s)
                 backoff_s = min(backoff_s * 2, 5.0)
         log.info("worker stopped")

@@ -176,6 +176,11 @@ class PredictionHandler:
 
     # --- the handler ------------------------------------------------------
 
+    def reset(self) -> None:
+        """Forget in-memory states; the next pass replays the consumed reports."""
+        self.jobs.clear()
+        self.cursor = None
+
     def _replay(self) -> None:
         """Rebuild predictor states of placed jobs from the reports already consumed."""
         self.cursor = self.traffic.cursor()

@@ -30,8 +30,8 @@ async def readyz(services: ServicesDep) -> JSONResponse:
 
     await run_in_threadpool(probe, "database", services.store.ping)
     await run_in_threadpool(probe, "bus", services.bus.ping)
-    if services.southbound is not None and hasattr(services.southbound, "ping"):
-        await run_in_threadpool(probe, "southbound", services.southbound.ping)
+    if services.southbound is not None:
+        await run_in_threadpool(probe, "southbound", services.southbound.list_oxcs)
     ready = all(v == "ok" for v in checks.values())
     return JSONResponse(
         {"status": "ready" if ready else "not ready", "checks": checks},
