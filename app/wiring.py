@@ -243,5 +243,6 @@ def build_worker_runtime(settings: Settings, cluster: Cluster) -> Runtime:
     leader = LeaderLoop(lease, on_elected=elected, on_deposed=deposed)
     runtime.is_leader = leader.is_leader
     leader.start()
-    runtime.closers.extend([leader.stop, driver.close, bus.close])
+    runtime.closers.extend([leader.stop, getattr(lease, "close", lambda: None), driver.close])
+    runtime.closers.append(bus.close)
     return runtime
