@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import Connection, Engine, delete, func, insert, select, text, update
@@ -74,6 +74,7 @@ class Snapshot:
     used: dict[str, str]  # server id -> job id
     placed: dict[str, dict[str, Any]]  # job id -> placement JSON of placed jobs
     unexamined: frozenset[str] = frozenset()  # queued jobs no admission pass has seen
+    aggregator_used_gbps: dict[str, float] = field(default_factory=dict)  # ToR -> INC Gb/s held
 
 
 def utcnow() -> dt.datetime:
@@ -266,17 +267,19 @@ class Store:
                     select(t.server_assignments.c.server_id, t.server_assignments.c.job_id)
                 )
             }
-            placed = {
-                r.job_id: r.placement
-                for r in conn.execute(
-                    select(t.jobs.c.job_id, t.jobs.c.placement).where(
-                        t.jobs.c.state == JobState.PLACED.value
-                    )
+            placed = {}
+            aggregators: dict[str, float] = {}
+            for r in conn.execute(
+                select(t.jobs.c.job_id, t.jobs.c.placement, t.jobs.c.collective).where(
+                    t.jobs.c.state == JobState.PLACED.value
                 )
-            }
+            ):
+                placed[r.job_id] = r.placement
+                for grant in (r.collective or {}).get("aggregator_grants", []):
+                    aggregators[grant["tor"]] = aggregators.get(grant["tor"], 0.0) + grant["gbps"]
         queued = tuple(job_from_body(r.job_id, r.body, r.submitted_order) for r in queued_rows)
         unexamined = frozenset(r.job_id for r in queued_rows if not r.examined)
-        return Snapshot(queued, used, placed, unexamined)
+        return Snapshot(queued, used, placed, unexamined, aggregators)
 
     def record_admission(
         self,

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from functools import partial
 
 from app.engine.cluster import Cluster
 from app.engine.job import Job
+from app.engine.placement import place_job
 from app.engine.queue import Admission, QueuePolicy, admit_queued
 from app.store import ConcurrentChange, Snapshot, Store
 
@@ -67,7 +69,19 @@ def schedule(
             return SchedulingResult((), (), ())
         free = frozenset(cluster.server_ids).difference(snapshot.used)
         queue: list[Job] = list(snapshot.queued)
-        admission = admit_queued(cluster, free, queue, policy, backfill=backfill)
+        # INC capacity other jobs leave free steers DP groups toward idle aggregators
+        agg_free = {
+            tor_id: max(0.0, tor.aggregator_gbps - snapshot.aggregator_used_gbps.get(tor_id, 0.0))
+            for tor_id, tor in cluster.tors_by_id.items()
+        }
+        admission = admit_queued(
+            cluster,
+            free,
+            queue,
+            policy,
+            backfill=backfill,
+            place=partial(place_job, aggregator_free_gbps=agg_free),
+        )
         try:
             seqs = store.record_admission(
                 admission.placements,

@@ -18,6 +18,21 @@ from ..schemas import DecisionPage
 router = APIRouter(prefix="/v1", tags=["fabric"])
 
 
+def fragmentation_view(cluster: Any, used: dict[str, str]) -> dict[str, Any]:
+    """Per pod: free servers, the largest free run inside one ToR, whole free ToRs."""
+    out = {}
+    for pod in cluster.pods:
+        free_per_tor = [sum(1 for s in t.servers if s.id not in used) for t in pod.tors]
+        out[pod.id] = {
+            "free_servers": sum(free_per_tor),
+            "largest_free_tor_block": max(free_per_tor, default=0),
+            "free_whole_tors": sum(
+                1 for t, n in zip(pod.tors, free_per_tor, strict=True) if n == len(t.servers)
+            ),
+        }
+    return out
+
+
 def render_decision(d: DecisionRecord) -> dict[str, Any]:
     out: dict[str, Any] = {
         "seq": d.seq,
@@ -36,6 +51,11 @@ async def get_cluster(services: ServicesDep, _scope: Annotated[Any, require()]) 
     snapshot = await run_in_threadpool(services.store.load_snapshot)
     body = cluster_to_dict(services.cluster, snapshot.used)
     total = services.cluster.server_count
+    for pod in body["pods"]:
+        for tor in pod["tors"]:
+            used = snapshot.aggregator_used_gbps.get(tor["id"], 0.0)
+            tor["aggregator_used_gbps"] = round(used, 3)
+    body["fragmentation"] = fragmentation_view(services.cluster, snapshot.used)
     body["summary"] = {
         "servers": total,
         "free_servers": total - len(snapshot.used),
