@@ -110,11 +110,8 @@ class Runtime:
         self.services.store.dispose()
 
 
-def build_runtime(settings: Settings, cluster: Cluster, *, with_worker: bool = True) -> Runtime:
-    """The embedded default: one process with API services, relay, worker and switches."""
-    store = build_store(settings)
-    bus = InProcessBus()
-    registry = CollectorRegistry()
+def _api_services(settings: Settings, cluster: Cluster, store: Store, bus: Any) -> Services:
+    """The services an API process needs, with its change-notice listeners attached."""
     services = Services(
         settings=settings,
         cluster=cluster,
@@ -122,11 +119,19 @@ def build_runtime(settings: Settings, cluster: Cluster, *, with_worker: bool = T
         bus=bus,
         read_cache=JobViewCache(ttl_s=settings.read_cache_ttl_s),
     )
-    services.extras["metrics"] = ApiMetrics(store, cluster, registry=registry)
+    services.extras["metrics"] = ApiMetrics(store, cluster, registry=CollectorRegistry())
     services.extras["fabric"] = FabricRepository(store)
     services.extras["traffic"] = TrafficRepository(store)
     bus.listen(services.read_cache.on_change)
     bus.listen(services.waiters.on_change)
+    return services
+
+
+def build_runtime(settings: Settings, cluster: Cluster, *, with_worker: bool = True) -> Runtime:
+    """The embedded default: one process with API services, relay, worker and switches."""
+    store = build_store(settings)
+    bus = InProcessBus()
+    services = _api_services(settings, cluster, store, bus)
     relay = OutboxRelay(store, bus.publish)
     services.extras["kick_relay"] = relay.kick
     runtime = Runtime(services, relay)
@@ -134,6 +139,7 @@ def build_runtime(settings: Settings, cluster: Cluster, *, with_worker: bool = T
         driver = build_driver(settings, cluster)
         services.southbound = driver
         runtime.closers.append(driver.close)
+        registry = services.extras["metrics"].registry
         attach_worker(runtime, settings, cluster, store, bus, driver, WorkerMetrics(registry))
     return runtime
 
@@ -187,23 +193,9 @@ def build_api_runtime(settings: Settings, cluster: Cluster) -> Runtime:
     """
     store = build_store(settings)
     bus = build_bus(settings)
-    registry = CollectorRegistry()
-    services = Services(
-        settings=settings,
-        cluster=cluster,
-        store=store,
-        bus=bus,
-        read_cache=JobViewCache(ttl_s=settings.read_cache_ttl_s),
-    )
-    services.extras["metrics"] = ApiMetrics(store, cluster, registry=registry)
-    services.extras["fabric"] = FabricRepository(store)
-    services.extras["traffic"] = TrafficRepository(store)
-    if settings.redis_url:
-        bus.listen(services.read_cache.on_change)
-        bus.listen(services.waiters.on_change)
-        relay: OutboxRelay | None = OutboxRelay(store, bus.publish)
-    else:
-        relay = None  # nobody to publish to: the worker's tick picks the rows up
+    services = _api_services(settings, cluster, store, bus)
+    # without Redis nobody listens: the worker's tick picks the recorded rows up
+    relay = OutboxRelay(store, bus.publish) if settings.redis_url else None
     runtime = Runtime(services, relay)
     services.extras["kick_relay"] = relay.kick if relay else (lambda: None)
     runtime.closers.append(bus.close)

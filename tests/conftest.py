@@ -12,6 +12,7 @@ from collections.abc import Iterator
 
 import psycopg
 import pytest
+import redis
 from sqlalchemy import create_engine, text
 
 from app.settings import Settings
@@ -19,6 +20,7 @@ from app.store.migrate import upgrade_to_head
 from app.store.tables import metadata
 from tests.support import LiveServer
 
+REDIS_URL = os.environ.get("LIGHTPATH_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
 ADMIN_URL = os.environ.get(
     "LIGHTPATH_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
 )
@@ -70,3 +72,27 @@ def server(settings: Settings) -> Iterator[LiveServer]:
     live.start()
     yield live
     live.stop()
+
+
+@pytest.fixture
+def redis_url() -> str:
+    """The real Redis (database 15 unless LIGHTPATH_TEST_REDIS_URL says otherwise)."""
+    return REDIS_URL
+
+
+@pytest.fixture
+def admin() -> Iterator[redis.Redis]:
+    """A plain Redis client for looking behind the bus's back."""
+    client = redis.Redis.from_url(REDIS_URL)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def prefix(admin: redis.Redis) -> Iterator[str]:
+    """A key prefix no other test uses; every key under it is deleted afterwards."""
+    value = f"lightpath-test:{uuid.uuid4().hex[:12]}"
+    yield value
+    keys = list(admin.scan_iter(match=f"{value}*", count=1000))
+    if keys:
+        admin.delete(*keys)
