@@ -142,7 +142,7 @@ def append_decisions(
         for i, d in enumerate(decisions)
     ]
     conn.execute(insert(t.decisions), rows)
-    return [r["seq"] for r in rows]
+    return [first + i for i in range(len(rows))]
 
 
 def add_outbox(conn: Connection, topic: str, payload: dict[str, Any], now: dt.datetime) -> None:

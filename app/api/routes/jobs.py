@@ -149,7 +149,7 @@ async def get_job(
         Query(description="answer as soon as the job reaches this state (or later)"),
     ] = None,
     timeout_s: Annotated[float, Query(ge=0, le=300, allow_inf_nan=False)] = 30.0,
-) -> JSONResponse:
+) -> Response:
     """The job now, or, with `wait_for`, as soon as it reaches that state or at the timeout."""
     if wait_for is None:
         cache = services.read_cache
