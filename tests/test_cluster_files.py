@@ -1,0 +1,70 @@
+"""Cluster files in the shape of GET /v1/cluster (YAML or JSON), and their errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from app.engine.cluster import cluster_to_dict, preset
+from app.wiring import ConfigError, load_cluster
+from tests.support import LiveServer
+
+
+def test_a_cluster_file_round_trips_through_the_api_shape(tmp_path: Path) -> None:
+    small = preset("small")
+    for suffix, dump in ((".json", json.dumps), (".yaml", yaml.safe_dump)):
+        path = tmp_path / f"fabric{suffix}"
+        path.write_text(dump(cluster_to_dict(small)))
+        loaded = load_cluster(str(path))
+        assert loaded.server_ids == small.server_ids
+        assert [(o.id, o.ports, dict(o.pod_ports)) for o in loaded.oxcs] == [
+            (o.id, o.ports, dict(o.pod_ports)) for o in small.oxcs
+        ]
+        assert [p.uplink_ports for p in loaded.pods] == [p.uplink_ports for p in small.pods]
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (lambda d: d["oxcs"][0]["pod_ports"].update({"pod-9": [60]}), "unknown pod"),
+        (lambda d: d["oxcs"][0]["pod_ports"]["pod-1"].append(0), "wired twice"),
+        (lambda d: d["oxcs"][0]["pod_ports"]["pod-1"].append(999), "out of range"),
+        (lambda d: d["pods"][0].update({"uplink_ports": 3}), "uplinks"),
+        (lambda d: d.pop("pods"), "missing"),
+    ],
+)
+def test_inconsistent_cluster_files_are_refused(tmp_path: Path, mutate, message: str) -> None:
+    data = cluster_to_dict(preset("small"))
+    mutate(data)
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ConfigError, match=message):
+        load_cluster(str(path))
+    with pytest.raises(ConfigError, match="neither a preset"):
+        load_cluster(str(tmp_path / "missing.yaml"))
+
+
+def test_seed_15k_matches_the_design_notes() -> None:
+    big = preset("seed-15k")
+    assert big.server_count == 1875
+    assert big.gpu_count == 15000
+    assert big.nic_gbps == 400
+    for oxc in big.oxcs:
+        wired = [p for ports in oxc.pod_ports.values() for p in ports]
+        assert len(wired) == len(set(wired)) <= oxc.ports
+
+
+def test_cluster_view_shows_fragmentation_and_holders(server: LiveServer) -> None:
+    with server.client() as c:
+        c.post("/v1/jobs", json={"job_id": "f", "parallelism": {"dp": 3, "pp": 1}})
+        view = c.get("/v1/cluster").json()
+        frag = view["fragmentation"]
+        assert sum(p["free_servers"] for p in frag.values()) == 29
+        held = [
+            s for p in view["pods"] for t in p["tors"] for s in t["servers"] if s["job_id"] == "f"
+        ]
+        assert len(held) == 3 and not any(s["free"] for s in held)
+        assert all("aggregator_used_gbps" in t for p in view["pods"] for t in p["tors"])
