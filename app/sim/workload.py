@@ -188,7 +188,7 @@ def parse_workload_job(data: object, where: str = "job", order: int = 0) -> Work
 
 
 def read_workload(path: str | Path) -> list[WorkloadJob]:
-    """All jobs of a JSON Lines workload file in arrival order (stable); WorkloadError if invalid."""
+    """A JSON Lines workload's jobs in arrival order (stable); WorkloadError if invalid."""
     p = Path(path)
     try:
         text = p.read_text()
@@ -377,7 +377,13 @@ def from_kalos_trace(
     for number, r in enumerate(records, 2):
         try:
             parsed.append(
-                (float(r["arrival_s"]), number, r["job_id"], float(r["duration_s"]), int(float(r["num_gpus"])))
+                (
+                    float(r["arrival_s"]),
+                    number,
+                    r["job_id"],
+                    float(r["duration_s"]),
+                    int(float(r["num_gpus"])),
+                )
             )
         except ValueError as exc:
             raise WorkloadError(f"{path}:{number}: {exc}") from exc

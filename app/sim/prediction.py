@@ -1,0 +1,155 @@
+"""Per-phase rewiring of one job's circuits: predictor warm-up stepped, steady state counted.
+
+A job's iteration shows the network the same phases in the same order, each
+reduced to a plan id (`plan_signature.classify_plan` of its pod demand). This
+module walks those phases through the engine's predictor (`predictor.step`)
+and the engine's exposure rule (`preinstall.exposed_reconfig_s`):
+
+- before each phase the fabric pre-installs the predicted plan during the compute
+  gap (when it differs from the circuits held): one reconfiguration, hidden up
+  to the gap;
+- at the phase the demanded plan is compared with what is held: equal costs
+  nothing more, different means rewiring after the demand came (the whole
+  reconfiguration latency is exposed, one more reconfiguration);
+- a phase without inter-pod traffic (`plan-idle`) needs no circuits: it keeps
+  whatever is held and costs nothing;
+- the first phase with inter-pod traffic finds the topology planned at placement,
+  installed during the job's first compute gap.
+
+Steady state: the walk goes iteration by iteration until two consecutive
+iterations cost the same and (with a predictor) every phase of both was a hit;
+from then on every iteration costs the same and every phase is a hit (a correct
+queue of a stationary pattern stays correct for both predictors), so the rest is
+counted analytically. `walk_rewiring(..., detect_steady=False)` steps every
+iteration; tests check both agree.
+
+No I/O; calls only engine functions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from app.engine.plan_signature import EMPTY_PLAN_ID
+from app.engine.predictor import new_predictor, step
+from app.engine.preinstall import exposed_reconfig_s
+
+# Warm-up longer than this many iterations is cut: the last iteration walked is
+# taken as the steady state (never reached by the patterns the simulator makes).
+MAX_WARMUP_ITERATIONS = 64
+
+
+@dataclass(frozen=True, slots=True)
+class IterationCost:
+    """Reconfiguration cost of one iteration: exposed seconds and OXC reconfigurations."""
+
+    exposed_s: float
+    reconfigurations: int
+
+
+@dataclass(frozen=True, slots=True)
+class RewiringOutcome:
+    """Per-iteration costs of the warm-up, the steady cost, and prediction counts."""
+
+    warmup: tuple[IterationCost, ...]  # iterations 0 .. len-1, walked phase by phase
+    steady: IterationCost  # every later iteration
+    warmup_hits: int
+    warmup_misses: int
+    phases_per_iteration: int
+    predicted: bool  # a predictor ran (hits/misses are meaningful)
+
+    def hits(self, iterations: int) -> int:
+        """Prediction hits over `iterations` iterations (steady phases are all hits)."""
+        if not self.predicted:
+            return 0
+        extra = max(0, iterations - len(self.warmup)) * self.phases_per_iteration
+        return self._warm(iterations)[0] + extra
+
+    def misses(self, iterations: int) -> int:
+        if not self.predicted:
+            return 0
+        return self._warm(iterations)[1]
+
+    def _warm(self, iterations: int) -> tuple[int, int]:
+        if iterations >= len(self.warmup):
+            return self.warmup_hits, self.warmup_misses
+        raise ValueError("hits/misses of a partial warm-up are not kept; walk it instead")
+
+    def cost_of(self, iteration: int) -> IterationCost:
+        """The cost of iteration `iteration` (0-based)."""
+        return self.warmup[iteration] if iteration < len(self.warmup) else self.steady
+
+
+def walk_rewiring(
+    plans: Sequence[str],
+    gaps_s: Sequence[float],
+    reconfig_ms: float,
+    *,
+    algorithm: str | None,
+    per_phase: bool = True,
+    iterations: int | None = None,
+    detect_steady: bool = True,
+) -> RewiringOutcome:
+    """Walk the phases `plans` (one iteration, with the compute gap before each).
+
+    `algorithm` is the predictor (`seed`, `lightpath`) or None for none (reactive).
+    `per_phase` False holds one topology for the whole job (the pp+dp plan): only the
+    installation at placement costs, though a predictor still observes (counts).
+    """
+    if len(plans) != len(gaps_s):
+        raise ValueError("one gap per phase")
+    state = new_predictor(algorithm) if algorithm is not None else None
+    held: str | None = None
+    warm: list[IterationCost] = []
+    hits = misses = 0
+    streak_ok = False
+    limit = MAX_WARMUP_ITERATIONS if detect_steady else (iterations or MAX_WARMUP_ITERATIONS)
+    if iterations is not None:
+        limit = min(limit, iterations)
+    while len(warm) < limit:
+        exposed = 0.0
+        reconfigs = 0
+        all_hits = True
+        for plan, gap in zip(plans, gaps_s, strict=True):
+            preinstalled = False
+            if state is not None:
+                predicted = state.next_plan
+                if (
+                    per_phase
+                    and held is not None
+                    and predicted is not None
+                    and predicted not in (EMPTY_PLAN_ID, held)
+                ):
+                    held = predicted  # rewired during the compute gap
+                    reconfigs += 1
+                    preinstalled = True
+                state, outcome = step(state, plan)
+                hits += outcome.hit
+                misses += not outcome.hit
+                all_hits = all_hits and outcome.hit
+            if plan == EMPTY_PLAN_ID:
+                continue
+            if held is None:  # the topology planned at placement, installed meanwhile
+                exposed += max(0.0, reconfig_ms / 1000.0 - gap)
+                reconfigs += 1
+                held = plan
+                continue
+            if not per_phase:
+                continue  # one topology for every phase
+            exposed += exposed_reconfig_s(
+                reconfig_ms, gap, preinstalled=preinstalled, installed_plan=held, demanded_plan=plan
+            )
+            if held != plan:
+                reconfigs += 1
+                held = plan
+        cost = IterationCost(exposed, reconfigs)
+        steady_now = bool(warm) and warm[-1] == cost and (state is None or all_hits)
+        warm.append(cost)
+        if detect_steady and steady_now and streak_ok:
+            break
+        streak_ok = steady_now
+    steady = warm[-1] if warm else IterationCost(0.0, 0)
+    return RewiringOutcome(
+        tuple(warm), steady, hits, misses, len(plans), state is not None and bool(plans)
+    )

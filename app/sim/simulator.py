@@ -1,0 +1,530 @@
+"""The discrete-event simulation: a workload through the engine on simulated time.
+
+Events (a heapq on simulated seconds): job arrivals, iteration ends and job
+completions. On an arrival or completion the queue is served
+(`queue.admit_queued` with the policy's `place_job`), the optical fabric is
+re-planned (`fabric.plan_fabric`, which keeps unchanged jobs' circuits) and the
+jobs touched get their profile (`policies.py`). State is incremental: a set of
+free servers, the current cross-connects, the aggregator ledger and one record
+per running job; the cluster value is never copied.
+
+Iterations are not all simulated one by one. A job's iteration time depends on
+its profile, the reconfiguration cost of that iteration (warm-up iterations,
+walked phase by phase through the predictor, differ; every later one costs the
+same) and the jobs it shares resources with. That only changes at events, so a
+steady job is advanced in bulk: one completion event at the end of its
+remaining iterations, and when an event changes its iteration time, the
+iteration in progress ends at the old rate and the rest continue at the new
+one. This is exactly what stepping every iteration gives (`step_by_step=True`
+does that; tests check both agree).
+
+Sharing: when several jobs use one resource (an ECMP link, or the
+time-divided optical ports of a pod), job j's phase on it sees the capacity the
+others leave at their average rate, never less than a fair 1/n share:
+cap_j = max(C - sum_k amount_k / T_k, C / n). The others' iteration times T_k
+depend on j's in turn; two fixed-point rounds settle them at each event.
+"""
+
+from __future__ import annotations
+
+import functools
+import heapq
+import math
+import time
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+
+from app.engine.cluster import Cluster
+from app.engine.collective import AggregatorLedger
+from app.engine.cross_connects import CrossConnect
+from app.engine.fabric import FabricPlan, PlacedJob, plan_fabric
+from app.engine.job import Job, Placement
+from app.engine.placement import never_fits, place_job
+from app.engine.queue import QueuePolicy, admit_queued
+
+from .ecmp import DEFAULT_SPINES, clos_shape
+from .policies import (
+    ECMP,
+    IDEAL,
+    FabricContext,
+    JobProfile,
+    as_submitted,
+    profile_ecmp,
+    profile_ideal,
+    profile_optical,
+    spec_of,
+)
+from .workload import WorkloadJob
+
+_ARRIVAL, _ITERATION, _COMPLETION = 1, 0, 0  # completions/iterations before arrivals
+_FIXED_POINT_ROUNDS = 2
+_EPS = 1e-9
+
+
+@dataclass
+class JobResult:
+    """What one job did under one policy."""
+
+    job_id: str
+    servers: int
+    arrival_s: float
+    iterations: int
+    start_s: float | None = None
+    end_s: float | None = None
+    ideal_iteration_s: float = 0.0
+    exposed_s: float = 0.0
+    exposed_after_warmup_s: float = 0.0
+    comm_after_warmup_s: float = 0.0
+    comm_s: float = 0.0
+    reconfigurations: int = 0
+    hits: int = 0
+    misses: int = 0
+    mlu: float = 0.0
+    algorithm: str = ""
+    mode: str = ""
+    holds_topology: bool = True
+    refused: str | None = None
+
+    @property
+    def slowdown(self) -> float | None:
+        """Mean iteration time over the ideal fabric's, or None if it did not run."""
+        if self.start_s is None or self.end_s is None or self.ideal_iteration_s <= 0:
+            return None
+        return (self.end_s - self.start_s) / self.iterations / self.ideal_iteration_s
+
+
+@dataclass
+class SimResult:
+    """One policy's run: per-job results, the busy-GPU timeline, counters and wall time."""
+
+    policy: str
+    cluster_gpus: int
+    jobs: list[JobResult]
+    busy_segments: list[tuple[float, float, float]]  # (start, end, busy GPUs)
+    compute_gpu_s: float
+    wall_s: float = 0.0
+    reconfig_ms: float = 0.0
+
+    @property
+    def makespan_s(self) -> float:
+        return max((j.end_s for j in self.jobs if j.end_s is not None), default=0.0)
+
+
+@dataclass
+class _Run:
+    """A running job's incremental state."""
+
+    entry: WorkloadJob
+    job: Job
+    placement: Placement
+    profile: JobProfile
+    result: JobResult
+    gpus: int
+    iter_done: int = 0
+    seg_start: float = 0.0
+    base_s: float = 0.0  # iteration time without reconfiguration cost
+    pp_net: float = 0.0
+    dp_net: float = 0.0
+    version: int = 0
+    rates: dict[tuple[str, ...], float] = field(default_factory=dict)
+
+    def iteration_total_s(self, index: int) -> float:
+        return self.base_s + self.profile.rewiring.cost_of(index).exposed_s
+
+    @property
+    def warmup(self) -> int:
+        return len(self.profile.rewiring.warmup)
+
+
+ProgressFn = Callable[[int, int], None]
+
+
+class Simulation:
+    """One policy over one workload on one cluster. `run()` returns the SimResult."""
+
+    def __init__(
+        self,
+        cluster: Cluster,
+        workload: Sequence[WorkloadJob],
+        policy: str,
+        *,
+        seed: int = 0,
+        reconfig_ms: float | None = None,
+        step_by_step: bool = False,
+        queue_policy: QueuePolicy = QueuePolicy.FIFO,
+        ecmp_spines: int = DEFAULT_SPINES,
+        progress: ProgressFn | None = None,
+    ) -> None:
+        self.cluster = cluster
+        self.workload = list(workload)
+        self.spec = spec_of(policy)
+        self.reconfig_ms = cluster.reconfig_ms if reconfig_ms is None else reconfig_ms
+        self.step_by_step = step_by_step
+        self.queue_policy = queue_policy
+        self.progress = progress
+        self.ctx = FabricContext(
+            cluster,
+            self.spec,
+            self.reconfig_ms,
+            seed,
+            clos_shape(cluster, ecmp_spines) if self.spec.name == ECMP else None,
+        )
+        self.free: set[str] = set(cluster.server_ids)
+        self.queue: list[Job] = []
+        self.entries: dict[str, WorkloadJob] = {}
+        self.running: dict[str, _Run] = {}
+        self.order: list[str] = []  # running jobs in placement order (fabric priority)
+        self.ledger = AggregatorLedger()
+        self.cross_connects: tuple[CrossConnect, ...] = ()
+        self.fabric: FabricPlan | None = None
+        self.results: dict[str, JobResult] = {}
+        self.busy: list[tuple[float, float, float]] = []
+        self.compute_gpu_s = 0.0
+        self.events: list[tuple[float, int, int, str, int]] = []
+        self._seq = 0
+        self.key_rate: dict[tuple[str, ...], float] = defaultdict(float)
+        self.key_users: dict[tuple[str, ...], set[str]] = defaultdict(set)
+        self.done = 0
+
+    # ------------------------------------------------------------------ events
+
+    def _push(self, at: float, kind: int, job_id: str, version: int = 0) -> None:
+        self._seq += 1
+        heapq.heappush(self.events, (at, kind, self._seq, job_id, version))
+
+    def run(self) -> SimResult:
+        started = time.perf_counter()
+        for i, entry in enumerate(self.workload):
+            job = replace(as_submitted(entry.job, self.spec), submitted_order=i)
+            self.entries[job.job_id] = entry
+            self.results[job.job_id] = JobResult(
+                job.job_id, job.servers_needed, entry.arrival_s, entry.iterations
+            )
+            self._push(entry.arrival_s, _ARRIVAL, job.job_id)
+            self.entries[job.job_id] = replace(entry, job=job)
+        total = len(self.workload)
+        while self.events:
+            at, kind, _, job_id, version = heapq.heappop(self.events)
+            if kind == _ARRIVAL:
+                self._arrive(at, job_id)
+                continue
+            run = self.running.get(job_id)
+            if run is None or run.version != version:
+                continue  # superseded by a re-rating
+            self._iteration_event(at, run)
+            if self.progress is not None and job_id not in self.running:
+                self.progress(self.done, total)
+        for run in list(self.running.values()):  # cannot happen unless events were lost
+            raise RuntimeError(f"job {run.job.job_id} never completed")
+        return SimResult(
+            self.spec.name,
+            self.cluster.gpu_count,
+            [self.results[e.job.job_id] for e in self.workload],
+            self.busy,
+            self.compute_gpu_s,
+            time.perf_counter() - started,
+            self.reconfig_ms,
+        )
+
+    def _arrive(self, at: float, job_id: str) -> None:
+        job = self.entries[job_id].job
+        reasons = never_fits(self.cluster, job)
+        if reasons:
+            self.results[job_id].refused = "; ".join(reasons)
+            self.done += 1
+            if self.progress is not None:
+                self.progress(self.done, len(self.workload))
+            return
+        self.queue.append(job)
+        self._admit(at, changed=[])
+
+    def _place_fn(self) -> Callable[..., object]:
+        if self.spec.inc_aware and self.spec.optical:
+            agg = {t: self.ledger.free_gbps(self.cluster, t) for t in self.cluster.tors_by_id}
+            return functools.partial(place_job, aggregator_free_gbps=agg)
+        return place_job
+
+    def _admit(self, at: float, changed: list[str], replan: bool = False) -> None:
+        """Serve the queue, re-plan the fabric, profile new jobs, re-rate sharers."""
+        placed: list[Placement] = []
+        if self.queue:
+            admission = admit_queued(
+                self.cluster,
+                self.free,
+                self.queue,
+                self.queue_policy,
+                backfill=True,
+                place=self._place_fn(),  # type: ignore[arg-type]
+            )
+            placed = list(admission.placements)
+        if not placed and not changed and not replan:
+            return
+        ids = {p.job_id for p in placed}
+        jobs = {j.job_id: j for j in self.queue if j.job_id in ids}
+        self.queue = [j for j in self.queue if j.job_id not in ids]
+        for p in placed:
+            self.free.difference_update(p.servers)
+            self.order.append(p.job_id)
+        previous = self.fabric
+        self._replan(placed, jobs)
+        touched = set(changed)
+        for p in placed:
+            self._start(at, jobs[p.job_id], p)
+            touched.add(p.job_id)
+        if self.fabric is not None and previous is not None:
+            old = {j.job_id: j for j in previous.jobs}
+            for jf in self.fabric.jobs:
+                run = self.running.get(jf.job_id)
+                if run is not None and jf.job_id not in ids and old.get(jf.job_id) is not jf:
+                    self._reprofile(run, self.fabric)
+                    touched.add(jf.job_id)
+        self._rerate(at, touched)
+
+    def _replan(self, placed: list[Placement], jobs: dict[str, Job]) -> None:
+        """Optical policies: the engine's multi-job plan for every placed job."""
+        if not self.spec.optical:
+            return
+        placed_jobs = []
+        by_id = {p.job_id: p for p in placed}
+        for job_id in self.order:
+            run = self.running.get(job_id)
+            if run is not None:
+                placed_jobs.append(PlacedJob(run.job, run.placement))
+            elif job_id in by_id:
+                placed_jobs.append(PlacedJob(jobs[job_id], by_id[job_id]))
+        self.fabric = plan_fabric(
+            self.cluster, placed_jobs, self.cross_connects, self.ledger, self.fabric
+        )
+        self.cross_connects = self.fabric.cross_connects
+        self.ledger = self.fabric.aggregators
+
+    def _profile(self, job: Job, placement: Placement, iterations: int) -> JobProfile:
+        if self.spec.name == IDEAL:
+            return profile_ideal(self.ctx, job, placement, iterations)
+        if self.spec.name == ECMP:
+            return profile_ecmp(self.ctx, job, placement, iterations)
+        fabric = self.fabric
+        assert fabric is not None
+        return profile_optical(self.ctx, job, placement, fabric, iterations)
+
+    def _start(self, at: float, job: Job, placement: Placement) -> None:
+        entry = self.entries[job.job_id]
+        profile = self._profile(job, placement, entry.iterations)
+        result = self.results[job.job_id]
+        result.start_s = at
+        result.ideal_iteration_s = profile.ideal_iteration_s
+        result.algorithm = profile.algorithm
+        result.mode = profile.mode
+        result.mlu = profile.mlu
+        result.holds_topology = profile.holds_topology
+        result.hits = profile.rewiring.hits(entry.iterations)
+        result.misses = profile.rewiring.misses(entry.iterations)
+        run = _Run(
+            entry,
+            job,
+            placement,
+            profile,
+            result,
+            job.servers_needed * self.cluster.gpus_per_server,
+            seg_start=at,
+            pp_net=profile.pp_alone_s,
+            dp_net=profile.dp_alone_s,
+        )
+        run.base_s = profile.iteration_s(run.pp_net, run.dp_net)
+        self.running[job.job_id] = run
+        for key in profile.shares:
+            self.key_users[key].add(job.job_id)
+        self._set_rates(run)
+        self._schedule(run)
+
+    def _reprofile(self, run: _Run, fabric: FabricPlan) -> None:
+        """A job whose slice changed: new phase times, the same rewiring history."""
+        assert self.spec.optical
+        profile = profile_optical(self.ctx, run.job, run.placement, fabric, run.entry.iterations)
+        profile = replace(profile, rewiring=run.profile.rewiring)
+        for key in run.profile.shares:
+            self.key_users[key].discard(run.job.job_id)
+        self._clear_rates(run)
+        run.profile = profile
+        for key in profile.shares:
+            self.key_users[key].add(run.job.job_id)
+        run.result.mlu = max(run.result.mlu, profile.mlu)
+
+    # ------------------------------------------------------------- sharing
+
+    def _clear_rates(self, run: _Run) -> None:
+        for key, rate in run.rates.items():
+            self.key_rate[key] -= rate
+        run.rates = {}
+
+    def _set_rates(self, run: _Run) -> None:
+        self._clear_rates(run)
+        total = run.iteration_total_s(max(run.iter_done, run.warmup))
+        for key, share in run.profile.shares.items():
+            rate = (share.pp_amount + share.dp_amount) / total if total > 0 else 0.0
+            run.rates[key] = rate
+            self.key_rate[key] += rate
+
+    def _net_times(self, run: _Run) -> tuple[float, float]:
+        shares = run.profile.shares
+        if not shares:
+            return run.profile.pp_alone_s, run.profile.dp_alone_s
+        pp = dp = 0.0
+        for key, share in shares.items():
+            if not share.affected:
+                continue
+            users = len(self.key_users[key])
+            others = self.key_rate[key] - run.rates.get(key, 0.0)
+            cap = max(share.capacity - others, share.capacity / max(1, users))
+            pp = max(pp, share.pp_amount / cap)
+            dp = max(dp, share.dp_amount / cap)
+        return max(pp, run.profile.pp_alone_s), max(dp, run.profile.dp_alone_s)
+
+    def _neighbours(self, job_ids: set[str]) -> set[str]:
+        out = set(job_ids)
+        for job_id in job_ids:
+            run = self.running.get(job_id)
+            if run is None:
+                continue
+            for key in run.profile.shares:
+                users = self.key_users.get(key, ())
+                if len(users) > 1:
+                    out.update(users)
+        return {j for j in out if j in self.running}
+
+    def _rerate(self, at: float, touched: set[str]) -> None:
+        """Settle iteration times of the touched jobs and those sharing with them."""
+        group = [self.running[j] for j in sorted(self._neighbours(touched), key=self.order.index)]
+        for run in group:
+            self._cut(at, run)
+        sharing = [run for run in group if run.profile.shares]
+        for _ in range(_FIXED_POINT_ROUNDS if sharing else 0):
+            for run in sharing:
+                run.pp_net, run.dp_net = self._net_times(run)
+                run.base_s = run.profile.iteration_s(run.pp_net, run.dp_net)
+            for run in sharing:
+                self._set_rates(run)
+        for run in group:
+            if not run.profile.shares:
+                run.pp_net, run.dp_net = run.profile.pp_alone_s, run.profile.dp_alone_s
+                run.base_s = run.profile.iteration_s(run.pp_net, run.dp_net)
+            fresh = run.iter_done == 0 and run.seg_start == at
+            if fresh or self._is_bulk(run):
+                self._schedule(run)
+            # else: the iteration in progress keeps its end; the next one uses base_s
+
+    def _is_bulk(self, run: _Run) -> bool:
+        return not self.step_by_step and run.iter_done >= run.warmup
+
+    def _cut(self, at: float, run: _Run) -> None:
+        """Before a re-rating: close the iterations of a bulk segment ended by `at`.
+
+        The iteration in progress at `at` finishes at the old rate (as it would when
+        stepping every iteration); the new rate starts after it.
+        """
+        if not self._is_bulk(run) or run.seg_start >= at:
+            return
+        per = run.iteration_total_s(run.iter_done)
+        left = run.entry.iterations - run.iter_done
+        ended = math.floor((at - run.seg_start) / per * (1 + _EPS)) if per > 0 else left
+        count = min(left, ended + 1)
+        if count >= left:
+            return  # the last iteration is in progress: the completion stands
+        end = run.seg_start + count * per
+        self._account(run, run.iter_done, count, run.seg_start, end)
+        run.iter_done += count
+        run.seg_start = end
+
+    # ------------------------------------------------------------- progress
+
+    def _account(self, run: _Run, first: int, count: int, start: float, end: float) -> None:
+        """Close `count` iterations (indices first..) that ran from `start` to `end`."""
+        if count <= 0:
+            return
+        profile = run.profile
+        r = run.result
+        warm = run.warmup
+        comm = profile.comm_s(run.pp_net, run.dp_net)
+        for index in range(first, min(first + count, warm)):
+            cost = profile.rewiring.cost_of(index)
+            r.exposed_s += cost.exposed_s
+            r.reconfigurations += cost.reconfigurations
+        steady_n = max(0, first + count - max(first, warm))
+        steady = profile.rewiring.steady
+        r.exposed_s += steady_n * steady.exposed_s
+        r.reconfigurations += steady_n * steady.reconfigurations
+        r.exposed_after_warmup_s += steady_n * steady.exposed_s
+        r.comm_after_warmup_s += steady_n * comm
+        r.comm_s += count * comm
+        busy = run.gpus * profile.timing.compute_s * count
+        self.compute_gpu_s += busy
+        if end > start:
+            self.busy.append((start, end, busy / (end - start)))
+
+    def _schedule(self, run: _Run) -> None:
+        run.version += 1
+        n = run.entry.iterations
+        if run.iter_done >= n:
+            self._push(run.seg_start, _COMPLETION, run.job.job_id, run.version)
+            return
+        if self.step_by_step or run.iter_done < run.warmup:
+            at = run.seg_start + run.iteration_total_s(run.iter_done)
+        else:
+            at = run.seg_start + (n - run.iter_done) * run.iteration_total_s(run.iter_done)
+        self._push(at, _ITERATION, run.job.job_id, run.version)
+
+    def _iteration_event(self, at: float, run: _Run) -> None:
+        """The scheduled iteration end (one, or the rest in bulk) has come."""
+        n = run.entry.iterations
+        if run.iter_done < n:
+            bulk = not self.step_by_step and run.iter_done >= run.warmup
+            count = n - run.iter_done if bulk else 1
+            self._account(run, run.iter_done, count, run.seg_start, at)
+            run.iter_done += count
+            run.seg_start = at
+        if run.iter_done >= n:
+            self._complete(at, run)
+        else:
+            self._schedule(run)
+
+    def _complete(self, at: float, run: _Run) -> None:
+        job_id = run.job.job_id
+        run.result.end_s = at
+        del self.running[job_id]
+        self.order.remove(job_id)
+        self.free.update(run.placement.servers)
+        self._clear_rates(run)
+        for key in run.profile.shares:
+            self.key_users[key].discard(job_id)
+        self.ledger = self.ledger.release(job_id)
+        self.done += 1
+        neighbours = set()
+        for key in run.profile.shares:
+            neighbours.update(self.key_users.get(key, ()))
+        self._admit(at, sorted(neighbours & set(self.running)), replan=self.spec.optical)
+
+
+def simulate(
+    cluster: Cluster,
+    workload: Sequence[WorkloadJob],
+    policy: str,
+    *,
+    seed: int = 0,
+    reconfig_ms: float | None = None,
+    step_by_step: bool = False,
+    progress: ProgressFn | None = None,
+) -> SimResult:
+    """Run one policy over a workload; see `Simulation`."""
+    return Simulation(
+        cluster,
+        workload,
+        policy,
+        seed=seed,
+        reconfig_ms=reconfig_ms,
+        step_by_step=step_by_step,
+        progress=progress,
+    ).run()
+
+
+__all__ = ["JobResult", "SimResult", "Simulation", "simulate"]
