@@ -154,10 +154,17 @@ class JobProfile:
 
 
 def ideal_dp_s(cluster: Cluster, job: Job, placement: Placement) -> float:
-    """The cheapest AllReduce of the engine's cost models at NIC rate, aggregators free."""
+    """The AllReduce on the ideal fabric: NIC-rate links, every aggregator free.
+
+    A job that forces ring, tree or hierarchical ring runs it everywhere, so the
+    ideal runs it too; otherwise (auto, or INC which a baseline replaces by
+    ring) the cheapest of the engine's cost models, a bound for every choice.
+    """
     if job.parallelism.dp <= 1:
         return 0.0
     costs, _ = estimate_costs(cluster, job, placement, AggregatorLedger(), None)
+    if job.collective not in (Collective.AUTO, Collective.INC):
+        return costs[job.collective.value]
     return min(costs.values())
 
 

@@ -16,11 +16,12 @@ and the engine's exposure rule (`preinstall.exposed_reconfig_s`):
 - the first phase with inter-pod traffic finds the topology planned at placement,
   installed during the job's first compute gap.
 
-Steady state: the walk goes iteration by iteration until two consecutive
-iterations cost the same and (with a predictor) every phase of both was a hit;
-from then on every iteration costs the same and every phase is a hit (a correct
-queue of a stationary pattern stays correct for both predictors), so the rest is
-counted analytically. `walk_rewiring(..., detect_steady=False)` steps every
+Steady state: the walk goes iteration by iteration until three consecutive
+iterations cost the same and show the same per-phase hits and misses; from
+then on every iteration is taken to do the same (a correct queue of a
+stationary pattern stays correct for both predictors; the seed algorithm on a
+pattern like `E A E` misses every phase for ever), so the rest is counted
+analytically (hits per period). `walk_rewiring(..., detect_steady=False)` steps every
 iteration; tests check both agree.
 
 No I/O; calls only engine functions.
@@ -58,18 +59,22 @@ class RewiringOutcome:
     warmup_misses: int
     phases_per_iteration: int
     predicted: bool  # a predictor ran (hits/misses are meaningful)
+    steady_hits: int = 0  # hits per steady iteration (the rest of its phases are misses)
 
     def hits(self, iterations: int) -> int:
-        """Prediction hits over `iterations` iterations (steady phases are all hits)."""
+        """Prediction hits over `iterations` iterations."""
         if not self.predicted:
             return 0
-        extra = max(0, iterations - len(self.warmup)) * self.phases_per_iteration
+        extra = max(0, iterations - len(self.warmup)) * self.steady_hits
         return self._warm(iterations)[0] + extra
 
     def misses(self, iterations: int) -> int:
+        """Prediction misses over `iterations` iterations."""
         if not self.predicted:
             return 0
-        return self._warm(iterations)[1]
+        steady_misses = self.phases_per_iteration - self.steady_hits
+        extra = max(0, iterations - len(self.warmup)) * steady_misses
+        return self._warm(iterations)[1] + extra
 
     def _warm(self, iterations: int) -> tuple[int, int]:
         if iterations >= len(self.warmup):
@@ -104,13 +109,14 @@ def walk_rewiring(
     warm: list[IterationCost] = []
     hits = misses = 0
     streak_ok = False
+    last_pattern: list[bool] = []
     limit = MAX_WARMUP_ITERATIONS if detect_steady else (iterations or MAX_WARMUP_ITERATIONS)
     if iterations is not None:
         limit = min(limit, iterations)
     while len(warm) < limit:
         exposed = 0.0
         reconfigs = 0
-        all_hits = True
+        pattern: list[bool] = []
         for plan, gap in zip(plans, gaps_s, strict=True):
             preinstalled = False
             if state is not None:
@@ -127,7 +133,7 @@ def walk_rewiring(
                 state, outcome = step(state, plan)
                 hits += outcome.hit
                 misses += not outcome.hit
-                all_hits = all_hits and outcome.hit
+                pattern.append(outcome.hit)
             if plan == EMPTY_PLAN_ID:
                 continue
             if held is None:  # the topology planned at placement, installed meanwhile
@@ -144,12 +150,19 @@ def walk_rewiring(
                 reconfigs += 1
                 held = plan
         cost = IterationCost(exposed, reconfigs)
-        steady_now = bool(warm) and warm[-1] == cost and (state is None or all_hits)
+        steady_now = bool(warm) and warm[-1] == cost and pattern == last_pattern
         warm.append(cost)
+        last_pattern = pattern
         if detect_steady and steady_now and streak_ok:
             break
         streak_ok = steady_now
     steady = warm[-1] if warm else IterationCost(0.0, 0)
     return RewiringOutcome(
-        tuple(warm), steady, hits, misses, len(plans), state is not None and bool(plans)
+        tuple(warm),
+        steady,
+        hits,
+        misses,
+        len(plans),
+        state is not None and bool(plans),
+        sum(last_pattern),
     )

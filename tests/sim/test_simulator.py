@@ -1,0 +1,135 @@
+"""Simulator properties: ideal is the bound, hand-computed times, determinism, bulk == stepped."""
+
+from __future__ import annotations
+
+import pytest
+
+from app.engine.cluster import build_cluster, preset
+from app.engine.collective import REDUCE_S_PER_BYTE
+from app.engine.job import Collective, ComputeTimes, Job, ModelFacts, Parallelism
+from app.sim.policies import POLICIES
+from app.sim.report import SUMMARY_FIELDS, summarize
+from app.sim.simulator import simulate
+from app.sim.workload import WorkloadJob
+
+ALPHA = 14e-6  # NCCL NET/Ring/Simple, the engine's ALPHA_RING_S
+SERVER_BPS = 8 * 400e9 / 8  # 8 NICs of 400 Gb/s per server, bytes/s
+
+
+def _job(job_id, dp, pp, *, params=2e9, act=16e6, m=8, f=0.01, b=0.02, opt=0.005, coll="auto"):
+    return Job(
+        job_id,
+        Parallelism(dp=dp, pp=pp),
+        ModelFacts(parameters=params, bytes_per_parameter=2, activation_bytes=act, microbatches=m),
+        ComputeTimes(f, b, opt),
+        Collective(coll),
+    )
+
+
+def _mixed_workload(iterations=300):
+    """Jobs on `small` (4 pods x 8 servers): most must cross pods once the first ones run."""
+    specs = [(4, 2), (8, 1), (2, 4), (6, 2), (4, 1), (3, 2), (8, 2), (2, 2)]
+    return [
+        WorkloadJob(_job(f"j{i}", dp, pp, params=4e9 + i * 1e9), i * 7.0, iterations + 37 * i)
+        for i, (dp, pp) in enumerate(specs)
+    ]
+
+
+def _comparable(result):
+    return [
+        (j.job_id, j.start_s, j.end_s, j.exposed_s, j.reconfigurations, j.hits, j.misses)
+        for j in result.jobs
+    ]
+
+
+def test_ideal_slowdown_is_one_and_no_policy_beats_it():
+    cluster = preset("small")
+    workload = _mixed_workload()
+    ideal = simulate(cluster, workload, "ideal", seed=3)
+    assert all(j.slowdown == pytest.approx(1.0, abs=1e-12) for j in ideal.jobs)
+    assert summarize(ideal)["mean_iteration_slowdown"] == pytest.approx(1.0, abs=1e-12)
+    slower_somewhere = False
+    for policy in POLICIES:
+        result = simulate(cluster, workload, policy, seed=3)
+        for j in result.jobs:
+            assert j.slowdown is not None and j.slowdown >= 1.0 - 1e-12, (policy, j.job_id)
+            slower_somewhere |= j.slowdown > 1.0 + 1e-6
+    assert slower_somewhere  # the baselines are not all the bound
+
+
+def test_zero_latency_reactive_equals_ideal_where_circuits_suffice():
+    # two pods whose 32 uplinks match their 4 servers' 32 NICs: circuits suffice
+    cluster = build_cluster(
+        "two",
+        pods=2,
+        tors_per_pod=1,
+        servers_per_tor=4,
+        uplink_ports_per_pod=32,
+        oxcs=2,
+        oxc_ports=64,
+        reconfig_ms=0.0,
+    )
+    workload = [
+        WorkloadJob(_job("ring", 8, 1, coll="ring"), 0.0, 50),
+        WorkloadJob(_job("pipe", 4, 2, coll="ring"), 1.0, 40),
+    ]
+    ideal = simulate(cluster, workload, "ideal")
+    reactive = simulate(cluster, workload, "reactive", reconfig_ms=0.0)
+    assert {j.mode for j in reactive.jobs} == {"isolated"}
+    for a, b in zip(ideal.jobs, reactive.jobs, strict=True):
+        assert b.end_s == pytest.approx(a.end_s, rel=1e-12)
+        assert b.exposed_s == 0.0
+    slow = simulate(cluster, workload, "reactive", reconfig_ms=25.0)
+    assert slow.jobs[0].end_s > ideal.jobs[0].end_s  # the same fabric with a real OXC
+
+
+def test_single_job_matches_hand_computed_iteration_time():
+    cluster = preset("small")
+    f, b, opt, m, act, p = 0.01, 0.02, 0.005, 8, 16e6, 2
+    # PP only (dp=1): GPipe span with sends at the server's NIC rate
+    s = ALPHA + act / SERVER_BPS
+    span = p * f + (p - 1) * s + (m - 1) * max(f, s) + p * b + (p - 1) * s + (m - 1) * max(b, s)
+    pipe = [WorkloadJob(_job("p", 1, p, act=act, m=m, f=f, b=b, opt=opt), 0.0, 100)]
+    # DP only, two servers under one ToR: ring T = (N-1)(2a + 2S/(N B) + S C / N), N = 2
+    size = 2e9 * 2  # parameters * bytes per parameter, one stage
+    ring = 2 * ALPHA + size / SERVER_BPS + size * REDUCE_S_PER_BYTE / 2
+    dp = [WorkloadJob(_job("d", 2, 1, m=m, f=f, b=b, opt=opt), 0.0, 100)]
+    for policy in POLICIES:
+        r = simulate(cluster, pipe, policy)
+        assert r.jobs[0].end_s == pytest.approx(100 * (span + opt), rel=1e-12), policy
+        r = simulate(cluster, dp, policy)
+        assert r.jobs[0].end_s == pytest.approx(100 * (m * (f + b) + ring + opt), rel=1e-12)
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_bulk_advance_equals_stepping_every_iteration(policy):
+    cluster = preset("small", reconfig_ms=25.0)
+    workload = _mixed_workload(iterations=120)
+    bulk = simulate(cluster, workload, policy, seed=5)
+    stepped = simulate(cluster, workload, policy, seed=5, step_by_step=True)
+    for a, b in zip(_comparable(bulk), _comparable(stepped), strict=True):
+        assert a[0] == b[0] and a[4:] == b[4:]
+        assert a[1:4] == pytest.approx(b[1:4], rel=1e-9, abs=1e-9)
+    assert bulk.compute_gpu_s == pytest.approx(stepped.compute_gpu_s, rel=1e-12)
+
+
+def test_runs_are_deterministic_for_a_seed():
+    cluster = preset("small")
+    workload = _mixed_workload()
+    for policy in ("ecmp", "lightpath", "lightpath-seed"):
+        one = summarize(simulate(cluster, workload, policy, seed=11))
+        two = summarize(simulate(cluster, workload, policy, seed=11))
+        one.pop("wall_s"), two.pop("wall_s")
+        assert one == two
+    summary = summarize(simulate(cluster, workload, "lightpath", seed=11))
+    assert set(SUMMARY_FIELDS) <= set(summary)
+    assert summary["prediction_hits"] > 0
+
+
+def test_ecmp_polarisation_depends_on_the_seed_and_hurts():
+    cluster = preset("small")
+    workload = _mixed_workload()
+    ideal = summarize(simulate(cluster, workload, "ideal"))
+    runs = [summarize(simulate(cluster, workload, "ecmp", seed=s)) for s in range(3)]
+    assert len({r["makespan_s"] for r in runs}) > 1
+    assert all(r["mean_iteration_slowdown"] > ideal["mean_iteration_slowdown"] for r in runs)
