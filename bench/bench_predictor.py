@@ -40,7 +40,7 @@ from app.engine.plan_signature import (
 from app.engine.predictor import count_misses, new_predictor, run_predictor, step
 
 SEED = 20240619
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+DATA = Path(__file__).resolve().parents[1] / "data"
 SERVERS_PER_POD = 75  # seed-15k
 ITERATIONS = 30
 MAX_MICROBATCHES = 12  # the schedule simulation is per slot; more only lengthens steady state

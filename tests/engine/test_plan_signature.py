@@ -28,7 +28,7 @@ from app.engine.plan_signature import (
 )
 from app.engine.predictor import count_misses, run_predictor
 
-JITTER = Path(__file__).resolve().parents[3] / "shared" / "data" / "traces" / "iteration_jitter"
+JITTER = Path(__file__).resolve().parents[2] / "data" / "traces" / "iteration_jitter"
 SMALL = preset("small")
 
 
