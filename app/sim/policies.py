@@ -261,6 +261,18 @@ def _port_bound_s(cluster: Cluster, demand: DemandMatrix) -> float:
     return port_bound_s(demand, {p.id: p.uplink_ports for p in cluster.pods}, cluster.nic_gbps)
 
 
+def fabric_key(cluster: Cluster, fabric: FabricPlan, job: Job, placement: Placement) -> tuple:
+    """What a job's optical profile depends on; an unchanged key keeps the profile."""
+    jf = fabric.job(job.job_id)
+    if jf is None:
+        return ()
+    pods = sorted({cluster.server(s).pod_id for s in placement.servers})
+    if jf.slice.mode == MODE_ISOLATED:
+        return (jf.slice.mode, jf.slice.pod_ports, jf.circuits, jf.collective.algorithm)
+    pool = _pool(cluster, fabric)
+    return (jf.slice.mode, tuple(pool[p] for p in pods), jf.collective.algorithm)
+
+
 def _pool(cluster: Cluster, fabric: FabricPlan) -> dict[str, int]:
     """Uplink ports no isolated slice holds: what time-division jobs share."""
     free = {p.id: p.uplink_ports for p in cluster.pods}

@@ -50,6 +50,7 @@ from .policies import (
     FabricContext,
     JobProfile,
     as_submitted,
+    fabric_key,
     profile_ecmp,
     profile_ideal,
     profile_optical,
@@ -128,6 +129,7 @@ class _Run:
     dp_net: float = 0.0
     version: int = 0
     rates: dict[tuple[str, ...], float] = field(default_factory=dict)
+    fabric_key: tuple = ()
 
     def iteration_total_s(self, index: int) -> float:
         return self.base_s + self.profile.rewiring.cost_of(index).exposed_s
@@ -277,8 +279,8 @@ class Simulation:
             for jf in self.fabric.jobs:
                 run = self.running.get(jf.job_id)
                 if run is not None and jf.job_id not in ids and old.get(jf.job_id) is not jf:
-                    self._reprofile(run, self.fabric)
-                    touched.add(jf.job_id)
+                    if self._reprofile(run, self.fabric):
+                        touched.add(jf.job_id)
         self._rerate(at, touched)
 
     def _replan(self, placed: list[Placement], jobs: dict[str, Job]) -> None:
@@ -332,15 +334,21 @@ class Simulation:
             dp_net=profile.dp_alone_s,
         )
         run.base_s = profile.iteration_s(run.pp_net, run.dp_net)
+        if self.fabric is not None:
+            run.fabric_key = fabric_key(self.cluster, self.fabric, job, placement)
         self.running[job.job_id] = run
         for key in profile.shares:
             self.key_users[key].add(job.job_id)
         self._set_rates(run)
         self._schedule(run)
 
-    def _reprofile(self, run: _Run, fabric: FabricPlan) -> None:
-        """A job whose slice changed: new phase times, the same rewiring history."""
+    def _reprofile(self, run: _Run, fabric: FabricPlan) -> bool:
+        """A job whose slice may have changed: new phase times, the same rewiring history."""
         assert self.spec.optical
+        key = fabric_key(self.cluster, fabric, run.job, run.placement)
+        if key == run.fabric_key:
+            return False
+        run.fabric_key = key
         profile = profile_optical(self.ctx, run.job, run.placement, fabric, run.entry.iterations)
         profile = replace(profile, rewiring=run.profile.rewiring)
         for key in run.profile.shares:
@@ -350,6 +358,7 @@ class Simulation:
         for key in profile.shares:
             self.key_users[key].add(run.job.job_id)
         run.result.mlu = max(run.result.mlu, profile.mlu)
+        return True
 
     # ------------------------------------------------------------- sharing
 
