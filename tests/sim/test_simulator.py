@@ -35,6 +35,16 @@ def _mixed_workload(iterations=300):
     ]
 
 
+def _sharing_workload():
+    """Wide jobs arriving while others run: they share pods' links and ports mid-run."""
+    return [
+        WorkloadJob(_job("a", 12, 1, params=8e9), 0.0, 400),
+        WorkloadJob(_job("b", 12, 1, params=6e9), 13.3, 300),
+        WorkloadJob(_job("c", 4, 2, params=5e9), 27.1, 250),
+        WorkloadJob(_job("d", 2, 1), 31.0, 90),
+    ]
+
+
 def _comparable(result):
     return [
         (j.job_id, j.start_s, j.end_s, j.exposed_s, j.reconfigurations, j.hits, j.misses)
@@ -102,9 +112,10 @@ def test_single_job_matches_hand_computed_iteration_time():
 
 
 @pytest.mark.parametrize("policy", POLICIES)
-def test_bulk_advance_equals_stepping_every_iteration(policy):
+@pytest.mark.parametrize("shape", ["mixed", "sharing"])
+def test_bulk_advance_equals_stepping_every_iteration(policy, shape):
     cluster = preset("small", reconfig_ms=25.0)
-    workload = _mixed_workload(iterations=120)
+    workload = _mixed_workload(iterations=120) if shape == "mixed" else _sharing_workload()
     bulk = simulate(cluster, workload, policy, seed=5)
     stepped = simulate(cluster, workload, policy, seed=5, step_by_step=True)
     for a, b in zip(_comparable(bulk), _comparable(stepped), strict=True):
