@@ -50,8 +50,16 @@ _MODEL_FLOAT = {"parameters", "bytes_per_parameter", "activation_bytes"}
 _MODEL_OTHER = {"optimizer", "activation_checkpointing"}
 _COMPUTE_FIELDS = {"microbatch_forward_s", "microbatch_backward_s", "optimizer_s"}
 
-# shared/data/ sits beside the repository checkout (see the project README).
-DEFAULT_TABLES = Path(__file__).resolve().parents[3] / "shared" / "data" / "tables"
+# The model tables vendored in the repository's data/ (else shared/data/ beside it).
+_REPO = Path(__file__).resolve().parents[2]
+DEFAULT_TABLES = next(
+    (
+        p
+        for p in (_REPO / "data" / "tables", _REPO.parent / "shared" / "data" / "tables")
+        if p.is_dir()
+    ),
+    _REPO / "data" / "tables",
+)
 
 
 class WorkloadError(ValueError):
