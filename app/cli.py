@@ -203,7 +203,7 @@ def workload_from_trace(
     jobs: Annotated[int | None, typer.Option(help="keep the first N jobs")] = None,
     seed: Annotated[int, typer.Option(help="random seed for plan choice")] = 0,
 ) -> None:
-    """Build a workload from a public trace and the model tables in shared/data/."""
+    """Build a workload from a public trace and the model tables vendored in data/."""
     from app.sim.commands import run_from_trace
 
     raise typer.Exit(run_from_trace(trace, out, jobs, seed))

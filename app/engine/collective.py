@@ -39,7 +39,7 @@ from .traffic import (
     gradient_bytes,
 )
 
-# alpha per hop, seconds. NCCL 2.30.7 tuning model, shared/data/tables/
+# alpha per hop, seconds. NCCL 2.30.7 tuning model, data/tables/
 # nccl_tuning_constants_v2.30.7.csv, column Simple (the protocol for large buffers):
 ALPHA_RING_S = 14.0e-6  # row hwLatencies,NET,Ring
 ALPHA_TREE_S = 14.0e-6  # row hwLatencies,NET,Tree

@@ -35,7 +35,7 @@ from enum import StrEnum
 from .job import Job
 
 # Megatron's GPT configurations use 128-wide attention heads from 7.5B upward
-# (shared/data/tables/megatron_sc21_table1.csv); used when heads are not given.
+# (data/tables/megatron_sc21_table1.csv); used when heads are not given.
 DEFAULT_HEAD_DIM = 128
 # The largest micro-batch `max_microbatch` searches; beyond it nothing is gained.
 MAX_MICROBATCH = 1 << 16
