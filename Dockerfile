@@ -5,6 +5,7 @@ WORKDIR /srv/lightpath
 COPY pyproject.toml README.md ./
 COPY app ./app
 COPY migrations ./migrations
+COPY data ./data
 RUN pip install -e . && useradd --system --uid 10001 lightpath && mkdir -p /data \
     && chown lightpath /data
 USER lightpath
