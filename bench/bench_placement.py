@@ -1,7 +1,7 @@
 """Placement engine benchmark on seed-15k: decision time and fill against first-fit.
 
 Fixed seed. Job sizes follow the Kalos trace's node counts
-(shared/data/traces/acme_kalos_completed_llm_jobs.csv, AcmeTrace, CC BY 4.0)
+(data/traces/acme_kalos_completed_llm_jobs.csv, AcmeTrace, CC BY 4.0)
 rounded to powers of two, one server per node; a share of jobs gets an EP
 degree (2, 4 or 8) so whole-ToR EP groups test fragmentation.
 
@@ -30,7 +30,7 @@ from app.engine.job import Job, ModelFacts, Parallelism, Placement, Unit, Unplac
 from app.engine.placement import place_job
 
 SEED = 20_240_601
-TRACE = Path(__file__).resolve().parents[2] / "shared/data/traces/acme_kalos_completed_llm_jobs.csv"
+TRACE = Path(__file__).resolve().parents[1] / "data/traces/acme_kalos_completed_llm_jobs.csv"
 P99_BOUND_MS = 5.0
 FILL_BOUND = 0.95
 

@@ -1,11 +1,11 @@
 """Cycle predictor benchmark: misses of `seed` and `lightpath` on real-shaped jobs, and cost.
 
-Sequences come from real configurations (shared/data/tables: Megatron-LM SC'21
+Sequences come from real configurations (data/tables: Megatron-LM SC'21
 Table 1, Llama 3 405B Table 4) laid out on the seed-15k cluster (75 servers per
 pod, one server per TP group), run through GPipe and 1F1B schedules slot by
 slot. A report is a run of slots with the same set of inter-pod pairs (an idle
 slot ends it); the DP ring AllReduce is one report per iteration. Bytes get the
-real per-worker jitter of shared/data/traces/iteration_jitter (PAI 2020, CC BY
+real per-worker jitter of data/traces/iteration_jitter (PAI 2020, CC BY
 4.0): each pair's bytes scale with a worker's time over its median, a worker
 slower than 1.5x has only 1/x of its bytes in the report. MoE variants add an
 uneven inter-pod AllToAll after the forward and backward passes. Pattern-change

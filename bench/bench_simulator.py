@@ -5,7 +5,7 @@ non-zero when a bound is missed:
 
 1. Scale: 200 jobs x 2,000 iterations on seed-15k for ideal, ecmp, static,
    reactive and lightpath: total wall time <= 120 s.
-2. Comparison: the Kalos trace (shared/data/traces, AcmeTrace CC BY 4.0) with
+2. Comparison: the Kalos trace (data/traces, AcmeTrace CC BY 4.0) with
    models and plans from the Megatron-LM / Llama 3 tables, arrivals compressed
    by ARRIVAL_SCALE so the cluster is loaded (the real trace keeps seed-15k
    ~1% busy, where every fabric looks alike), for OXC latencies 1, 10, 25 and
@@ -33,7 +33,7 @@ from app.sim.simulator import simulate
 from app.sim.workload import from_kalos_trace
 
 SEED = 20240619
-TRACE = Path(__file__).resolve().parents[2] / "shared/data/traces/acme_kalos_completed_llm_jobs.csv"
+TRACE = Path(__file__).resolve().parents[1] / "data/traces/acme_kalos_completed_llm_jobs.csv"
 OUT = Path(__file__).resolve().parent / "out" / "simulator"
 SCALE_POLICIES = ("ideal", "ecmp", "static", "reactive", "lightpath")
 COMPARE_POLICIES = ("ideal", "ecmp", "static", "reactive", "lightpath", "lightpath-seed")

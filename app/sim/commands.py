@@ -106,7 +106,7 @@ def run_simulate(
 
 
 def run_from_trace(trace_path: str, out_path: str, jobs: int | None, seed: int) -> int:
-    """Build a workload file from the Kalos trace and the model tables in shared/data/."""
+    """Build a workload file from the Kalos trace and the model tables in data/."""
     err = Console(stderr=True)
     try:
         entries = from_kalos_trace(trace_path, jobs=jobs, seed=seed)

@@ -17,7 +17,7 @@ When the job states no compute times they are derived from the model size at a
 stated GPU throughput: a micro-batch of t tokens costs 2*N/p*t FLOPs forward and
 twice that backward on the stage's server (TP over its GPUs), at
 `DEFAULT_GPU_TFLOPS` per GPU (the median achieved rate of Megatron-LM SC'21
-Table 1, shared/data/tables/megatron_sc21_table1.csv); the optimizer step is
+Table 1, data/tables/megatron_sc21_table1.csv); the optimizer step is
 memory-bound, 16 bytes per parameter (ZeRO's mixed-precision Adam accounting)
 through HBM at `HBM_BYTES_PER_S` per GPU.
 

@@ -7,7 +7,7 @@ the job runs). `read_workload` checks every line the way the API checks a body
 and field are wrong.
 
 `from_kalos_trace` builds a workload from the Acme Kalos trace
-(shared/data/traces/acme_kalos_completed_llm_jobs.csv, AcmeTrace, CC BY 4.0):
+(data/traces/acme_kalos_completed_llm_jobs.csv, AcmeTrace, CC BY 4.0):
 arrivals and GPU counts are the trace's; the parallel plan and model come from
 the Megatron-LM (Narayanan et al., SC'21, Table 1) and Llama 3 (Table 4) rows
 with the job's GPU count, or the nearest (seeded choice among equals); the
@@ -50,16 +50,8 @@ _MODEL_FLOAT = {"parameters", "bytes_per_parameter", "activation_bytes"}
 _MODEL_OTHER = {"optimizer", "activation_checkpointing"}
 _COMPUTE_FIELDS = {"microbatch_forward_s", "microbatch_backward_s", "optimizer_s"}
 
-# The model tables vendored in the repository's data/ (else shared/data/ beside it).
-_REPO = Path(__file__).resolve().parents[2]
-DEFAULT_TABLES = next(
-    (
-        p
-        for p in (_REPO / "data" / "tables", _REPO.parent / "shared" / "data" / "tables")
-        if p.is_dir()
-    ),
-    _REPO / "data" / "tables",
-)
+# The model tables vendored in the repository's data/.
+DEFAULT_TABLES = Path(__file__).resolve().parents[2] / "data" / "tables"
 
 
 class WorkloadError(ValueError):
@@ -283,7 +275,7 @@ def _num(text: str) -> float:
 
 
 def load_model_rows(tables_dir: str | Path = DEFAULT_TABLES) -> list[ModelRow]:
-    """Rows of the Megatron-LM SC'21 Table 1 and Llama 3 405B Table 4 (shared/data/tables)."""
+    """Rows of the Megatron-LM SC'21 Table 1 and Llama 3 405B Table 4 (data/tables)."""
     base = Path(tables_dir)
     rows: list[ModelRow] = []
     try:

@@ -18,7 +18,7 @@ from app.sim.workload import (
     write_workload,
 )
 
-TRACE = Path(__file__).resolve().parents[3] / "shared/data/traces/acme_kalos_completed_llm_jobs.csv"
+TRACE = Path(__file__).resolve().parents[2] / "data/traces/acme_kalos_completed_llm_jobs.csv"
 
 GOOD = {
     "job_id": "gpt-1",
