@@ -144,3 +144,14 @@ predictions = Table(
     Column("exposed_reconfig_s", Float, nullable=False, default=0.0),
     Column("updated_at", DateTime(timezone=True), nullable=False),
 )
+
+# Traffic batches submitted with an Idempotency-Key: a retried batch (its
+# first answer lost) is answered again instead of stored twice.
+traffic_batches = Table(
+    "traffic_batches",
+    metadata,
+    Column("key", String(200), primary_key=True),
+    Column("accepted", Integer, nullable=False),
+    Column("last_seq", BigInteger, nullable=False),
+    Column("received_at", DateTime(timezone=True), nullable=False),
+)

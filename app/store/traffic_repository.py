@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import insert, select, update
+from sqlalchemy.exc import IntegrityError
 
 from app.engine.cross_connects import CrossConnect
 
@@ -44,9 +45,37 @@ class TrafficRepository:
     def __init__(self, store: Store) -> None:
         self.store = store
 
-    def ingest(self, reports: Sequence[dict[str, Any]]) -> tuple[int, int]:
-        """Store a batch of validated reports and their event; returns (count, last seq)."""
+    def ingest(
+        self, reports: Sequence[dict[str, Any]], idempotency_key: str | None = None
+    ) -> tuple[int, int]:
+        """Store a batch of validated reports and their event; returns (count, last seq).
+
+        With an `idempotency_key` already seen, nothing is stored and the first
+        answer is returned (a client retrying after a lost answer).
+        """
+        if idempotency_key is not None:
+            seen = self._batch(idempotency_key)
+            if seen is not None:
+                return seen
         now = utcnow()
+        try:
+            return self._ingest(reports, idempotency_key, now)
+        except IntegrityError:
+            seen = self._batch(idempotency_key) if idempotency_key else None
+            if seen is None:
+                raise
+            return seen
+
+    def _batch(self, key: str) -> tuple[int, int] | None:
+        with self.store.read_engine.connect() as conn:
+            row = conn.execute(
+                select(t.traffic_batches).where(t.traffic_batches.c.key == key)
+            ).first()
+        return (int(row.accepted), int(row.last_seq)) if row else None
+
+    def _ingest(
+        self, reports: Sequence[dict[str, Any]], key: str | None, now: Any
+    ) -> tuple[int, int]:
         with self.store.write_engine.begin() as conn:
             first = next_counter(conn, "report_seq", len(reports))
             conn.execute(
@@ -64,6 +93,12 @@ class TrafficRepository:
             )
             last = first + len(reports) - 1
             add_outbox(conn, "traffic", {"type": "ReportTraffic", "last_seq": last}, now)
+            if key is not None:
+                conn.execute(
+                    insert(t.traffic_batches).values(
+                        key=key, accepted=len(reports), last_seq=last, received_at=now
+                    )
+                )
         return len(reports), last
 
     def cursor(self) -> int:

@@ -177,3 +177,14 @@ def test_batch_size_advice_and_memory_admission(server: LiveServer) -> None:
             },
         )
         assert example.status_code in (201, 202), example.text
+
+
+def test_a_retried_batch_with_the_same_key_is_stored_once(server: LiveServer) -> None:
+    batch = {"reports": [{"phase_started_at": 1.0, "demands": [GOOD_DEMAND]}] * 3}
+    with server.client() as c:
+        first = c.post("/v1/traffic", json=batch, headers={"Idempotency-Key": "batch-1"})
+        again = c.post("/v1/traffic", json=batch, headers={"Idempotency-Key": "batch-1"})
+        assert first.status_code == again.status_code == 202
+        assert first.json() == again.json() == {"accepted": 3, "last_seq": 3}
+        other = c.post("/v1/traffic", json=batch, headers={"Idempotency-Key": "batch-2"})
+        assert other.json()["last_seq"] == 6

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Annotated, Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Header
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
@@ -65,7 +65,17 @@ def _check_servers(services: Services, batch: TrafficIn) -> list[list[Any]]:
     responses={413: {"content": _PROBLEMS}, 422: {"content": _PROBLEMS}},
 )
 async def report_traffic(
-    batch: TrafficIn, services: ServicesDep, _scope: Annotated[Any, require("telemetry")]
+    batch: TrafficIn,
+    services: ServicesDep,
+    _scope: Annotated[Any, require("telemetry")],
+    idempotency_key: Annotated[
+        str | None,
+        Header(
+            max_length=200,
+            description="retrying a batch with the same key returns the first answer "
+            "instead of storing the reports twice",
+        ),
+    ] = None,
 ) -> JSONResponse:
     """Store a batch durably and hand it to the worker; accepted or refused as a whole."""
     demands = _check_servers(services, batch)
@@ -74,7 +84,7 @@ async def report_traffic(
         for r, d in zip(batch.reports, demands, strict=True)
     ]
     traffic = services.extras["traffic"]
-    count, last = await run_in_threadpool(traffic.ingest, reports)
+    count, last = await run_in_threadpool(traffic.ingest, reports, idempotency_key)
     services.extras["kick_relay"]()
     metrics = services.extras["metrics"]
     metrics.traffic_reports.inc(count)
