@@ -167,8 +167,8 @@ def main() -> int:
             ok = False
     print()
     print(
-        f"{'mix':<11} {'placer':<10} {'fill mean':>9} {'min all':>8} {'fill min*':>9} {'>=95%*':>8} "
-        f"{'excused':>8} {'pods/min':>8}"
+        f"{'mix':<11} {'placer':<10} {'fill mean':>9} {'min all':>8} {'fill min*':>9} "
+        f"{'>=95%*':>8} {'excused':>8} {'pods/min':>8}"
     )
     for (mix, name), rows in fills.items():
         judged = [f for f, excused, _ in rows if not excused]
