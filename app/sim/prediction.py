@@ -101,6 +101,8 @@ def walk_rewiring(
     `algorithm` is the predictor (`seed`, `lightpath`) or None for none (reactive).
     `per_phase` False holds one topology for the whole job (the pp+dp plan): only the
     installation at placement costs, though a predictor still observes (counts).
+    With a predictor, the placement-time topology is also held while the period is
+    still unknown, so warm-up misses cost no reconfiguration.
     """
     if len(plans) != len(gaps_s):
         raise ValueError("one gap per phase")
@@ -119,10 +121,14 @@ def walk_rewiring(
         pattern: list[bool] = []
         for plan, gap in zip(plans, gaps_s, strict=True):
             preinstalled = False
+            # until the predictor has confirmed a period, hold the placement-time
+            # topology: rewiring on guesses would expose reconfigurations
+            learning = state is not None and state.period is None
             if state is not None:
                 predicted = state.next_plan
                 if (
                     per_phase
+                    and not learning
                     and held is not None
                     and predicted is not None
                     and predicted not in (EMPTY_PLAN_ID, held)
@@ -141,8 +147,8 @@ def walk_rewiring(
                 reconfigs += 1
                 held = plan
                 continue
-            if not per_phase:
-                continue  # one topology for every phase
+            if not per_phase or learning:
+                continue  # one topology for every phase (or still learning the period)
             exposed += exposed_reconfig_s(
                 reconfig_ms, gap, preinstalled=preinstalled, installed_plan=held, demanded_plan=plan
             )
