@@ -32,25 +32,11 @@ import psycopg
 import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _service import free_port, percentile  # noqa: E402
+from _service import _wait_ready, free_port, percentile  # noqa: E402
 
 ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
 REDIS_DB = 12
 TARGET_DEMANDS_PER_S = 50_000
-
-
-def _wait(url: str, proc: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"{proc.args} exited with {proc.returncode}")
-        try:
-            if httpx.get(url, timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise SystemExit(f"{url} did not come up")
 
 
 @contextmanager
@@ -83,7 +69,7 @@ def full_stack(cluster: str = "small"):  # type: ignore[no-untyped-def]
                 [*run, *args], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
             )
             procs.append(p)
-            _wait(health, p)
+            _wait_ready(health, p)
         yield f"http://127.0.0.1:{api}"
     finally:
         for p in procs:
