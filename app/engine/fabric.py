@@ -179,23 +179,6 @@ def _cross_pod_ports(
     return {p: n * per_server for p, n in servers.items()}
 
 
-def _fair_ports(cluster: Cluster, placement: Placement) -> dict[str, int]:
-    """A pod's uplinks in proportion to the job's share of that pod's servers.
-
-    ceil(servers_in_pod / pod_servers * uplink_ports): jobs sharing a pod each get
-    an isolated slice instead of the first one taking every uplink (vClos).
-    """
-    held: dict[str, int] = defaultdict(int)
-    for s in placement.servers:
-        held[cluster.server(s).pod_id] += 1
-    out = {}
-    for pod_id, n in held.items():
-        pod = cluster.pods_by_id[pod_id]
-        total = sum(len(t.servers) for t in pod.tors)
-        out[pod_id] = -(-n * pod.uplink_ports // total)  # ceiling division
-    return out
-
-
 def _peers(demand: DemandMatrix) -> dict[str, int]:
     """Distinct peer pods per pod (a slice needs a port for each)."""
     peers: dict[str, set[str]] = defaultdict(set)
@@ -217,8 +200,7 @@ def _slice(
         why = "too few free uplink ports for an isolated slice on " + ", ".join(short)
         return JobSlice(job_id, MODE_TIME_DIVISION, (), why)
     want = _cross_pod_ports(cluster, demand, placement)
-    fair = _fair_ports(cluster, placement)
-    quota = {p: max(need[p], min(free[p], want.get(p, 0), fair.get(p, 0))) for p in need}
+    quota = {p: max(need[p], min(free[p], want.get(p, 0))) for p in need}
     for p, n in quota.items():
         free[p] -= n
     return JobSlice(job_id, MODE_ISOLATED, tuple(sorted(quota.items())), "vClos slice")
