@@ -190,7 +190,13 @@ def _plan_id(catalog: PlanCatalog, demand: DemandMatrix) -> tuple[PlanCatalog, s
 def _net_s(demand: DemandMatrix, circuits: PodCircuits, budget: Mapping[str, int], gbps: float):
     if demand.total_bytes <= 0:
         return 0.0, 0.0
-    plan = evaluate_circuits(_restrict(demand), circuits, budget, gbps)
+    # over every pod the circuits touch, so two-hop paths may relay through the
+    # job's pods that carry none of this phase's own traffic
+    pods = {p for p, _, _ in demand.entries()} | {q for _, q, _ in demand.entries()}
+    pods |= {p for a, b, _ in circuits.pairs() for p in (a, b) if p in budget}
+    plan = evaluate_circuits(
+        DemandMatrix.from_entries(sorted(pods), demand.entries()), circuits, budget, gbps
+    )
     return plan.completion_s, plan.mlu
 
 
