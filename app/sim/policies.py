@@ -47,7 +47,7 @@ from app.engine.predictor import LIGHTPATH, SEED
 from app.engine.traffic import ALGO_RING, PHASE_DP, PHASE_PP, DemandMatrix, job_traffic
 
 from .ecmp import ClosShape, hash_flows, link_capacity_bps, links_time_s
-from .prediction import RewiringOutcome, walk_rewiring
+from .prediction import RewiringOutcome, fits_every_gap, walk_rewiring
 from .timing import JobTiming, job_timing, pipeline_span_s, pp_window_s
 
 IDEAL = "ideal"
@@ -342,7 +342,9 @@ def profile_optical(
     hold = _candidate(ctx, timing, dp_base, pp_hold, dp_hold, plan_ids, gaps, False, iterations)
     per = _candidate(ctx, timing, dp_base, pp_per, dp_per, plan_ids, gaps, True, iterations)
     if spec.chooses_hold:
-        use_hold = hold[0] <= per[0]
+        # per-phase circuits only when every phase's rewiring fits its compute gap
+        fits = fits_every_gap(plan_ids, gaps, ctx.reconfig_ms)
+        use_hold = not fits or hold[0] <= per[0]
     else:
         use_hold = not spec.per_phase
     _, pp_net, dp_net, outcome = hold if use_hold else per

@@ -34,7 +34,11 @@ from dataclasses import dataclass
 
 from app.engine.plan_signature import EMPTY_PLAN_ID
 from app.engine.predictor import new_predictor, step
-from app.engine.preinstall import exposed_reconfig_s
+from app.engine.preinstall import exposed_reconfig_s, should_preinstall
+
+# The pp+dp topology installed at placement and held while the period is learnt;
+# every phase runs on it (slower than on its own plan, never unroutable).
+COMBINED_PLAN_ID = "plan-combined"
 
 # Warm-up longer than this many iterations is cut: the last iteration walked is
 # taken as the steady state (never reached by the patterns the simulator makes).
@@ -101,13 +105,18 @@ def walk_rewiring(
     `algorithm` is the predictor (`seed`, `lightpath`) or None for none (reactive).
     `per_phase` False holds one topology for the whole job (the pp+dp plan): only the
     installation at placement costs, though a predictor still observes (counts).
-    With a predictor, the placement-time topology is also held while the period is
-    still unknown, so warm-up misses cost no reconfiguration.
+    With a predictor, the placement-time pp+dp topology is held while the period is
+    still unknown, so warm-up misses cost no reconfiguration; afterwards phases are
+    pre-installed one by one only when every phase's reconfiguration fits the compute
+    gap before it (`preinstall.should_preinstall`), else the pp+dp topology stays.
     """
     if len(plans) != len(gaps_s):
         raise ValueError("one gap per phase")
     state = new_predictor(algorithm) if algorithm is not None else None
+    if state is not None and per_phase and not fits_every_gap(plans, gaps_s, reconfig_ms):
+        per_phase = False  # a predictor holds the pp+dp topology rather than expose rewiring
     held: str | None = None
+    confirmed = False
     warm: list[IterationCost] = []
     hits = misses = 0
     streak_ok = False
@@ -123,7 +132,8 @@ def walk_rewiring(
             preinstalled = False
             # until the predictor has confirmed a period, hold the placement-time
             # topology: rewiring on guesses would expose reconfigurations
-            learning = state is not None and state.period is None
+            # (confirmed: a period was found and one prediction of it came true)
+            learning = state is not None and not confirmed
             if state is not None:
                 predicted = state.next_plan
                 if (
@@ -137,17 +147,18 @@ def walk_rewiring(
                     reconfigs += 1
                     preinstalled = True
                 state, outcome = step(state, plan)
+                confirmed = confirmed or (outcome.hit and state.period is not None)
                 hits += outcome.hit
                 misses += not outcome.hit
                 pattern.append(outcome.hit)
             if plan == EMPTY_PLAN_ID:
                 continue
-            if held is None:  # the topology planned at placement, installed meanwhile
+            if held is None:  # the pp+dp topology planned at placement, installed meanwhile
                 exposed += max(0.0, reconfig_ms / 1000.0 - gap)
                 reconfigs += 1
-                held = plan
+                held = plan if state is None else COMBINED_PLAN_ID
                 continue
-            if not per_phase or learning:
+            if not per_phase or learning or held == COMBINED_PLAN_ID:
                 continue  # one topology for every phase (or still learning the period)
             exposed += exposed_reconfig_s(
                 reconfig_ms, gap, preinstalled=preinstalled, installed_plan=held, demanded_plan=plan
@@ -171,4 +182,17 @@ def walk_rewiring(
         len(plans),
         state is not None and bool(plans),
         sum(last_pattern),
+    )
+
+
+def fits_every_gap(plans: Sequence[str], gaps_s: Sequence[float], reconfig_ms: float) -> bool:
+    """Whether each phase with traffic can be pre-installed inside the compute gap before it.
+
+    The engine's rule (`preinstall.should_preinstall`) on a stationary iteration: the
+    interval before a phase in the last cycle recurs in the next.
+    """
+    return all(
+        should_preinstall([-gap, 0.0], 0.0, reconfig_ms, period=1).fits
+        for plan, gap in zip(plans, gaps_s, strict=True)
+        if plan != EMPTY_PLAN_ID
     )
