@@ -170,3 +170,51 @@ def test_idle_aggregator_preferred_on_ties() -> None:
     result = place_job(cluster, set(cluster.server_ids), _job(2), aggregator_free_gbps=busy)
     assert isinstance(result, Placement)
     assert {cluster.server(s).tor_id for s in result.servers} == {"pod-2/tor-1"}
+
+
+def _only_free(counts: dict[str, int]) -> set[str]:
+    """seed-15k with every server busy except the first `n` of each named ToR."""
+    return {s.id for tor_id, n in counts.items() for s in SEED.tors_by_id[tor_id].servers[:n]}
+
+
+def test_seed_scraps_used_before_a_whole_tor_is_broken() -> None:
+    # One whole ToR and three 3-server scraps in pod-3: an 8-server job fits the
+    # whole ToR, but taking it would cost the only aligned 8-block left.
+    free = _only_free({"pod-3/tor-0": 15, "pod-3/tor-1": 3, "pod-3/tor-2": 3, "pod-3/tor-3": 3})
+    result = place_job(SEED, free, _job(8))
+    assert isinstance(result, Placement)
+    _check(SEED, free, _job(8), result)
+    assert "pod-3/tor-0" not in {SEED.server(s).tor_id for s in result.servers}
+    assert "scraps-first slots" in result.reason
+    wide = place_job(SEED, free - set(result.servers), _job(1, ep=8))
+    assert isinstance(wide, Placement)  # the 8-block is still there
+
+
+def test_seed_pod_chosen_by_aligned_blocks_before_leftover() -> None:
+    # pod-1 fits a 16-server job exactly but only in two 8-blocks; pod-2 has 20
+    # free in scraps. Best-fit by leftover alone would spend pod-1's 8-blocks.
+    free = _only_free(
+        {
+            "pod-1/tor-0": 8,
+            "pod-1/tor-1": 8,
+            "pod-2/tor-0": 3,
+            "pod-2/tor-1": 3,
+            "pod-2/tor-2": 7,
+            "pod-2/tor-3": 7,
+        }
+    )
+    result = place_job(SEED, free, _job(16))
+    assert isinstance(result, Placement)
+    assert {SEED.server(s).pod_id for s in result.servers} == {"pod-2"}
+    for _ in range(2):
+        wide = place_job(SEED, free - set(result.servers), _job(1, ep=8))
+        assert isinstance(wide, Placement)
+        free -= set(wide.servers)
+
+
+def test_seed_job_that_fits_one_tor_keeps_it_when_no_block_is_lost() -> None:
+    free = _only_free({"pod-4/tor-0": 15, "pod-4/tor-1": 3, "pod-4/tor-2": 3})
+    result = place_job(SEED, free, _job(1, ep=4))
+    assert isinstance(result, Placement)
+    # 4 of 15 leaves 11 (still an 8-block); the scraps cannot hold an ep=4 group.
+    assert {SEED.server(s).tor_id for s in result.servers} == {"pod-4/tor-0"}
