@@ -36,6 +36,8 @@ import redis
 from tests.conftest import ADMIN_URL
 from tests.support import free_port
 
+pytestmark = [pytest.mark.postgres, pytest.mark.redis, pytest.mark.timeout(150)]
+
 REDIS_DB = 13  # the stream and lease keys are fixed names: a database of its own
 CROSS_POD = {"dp": 6, "pp": 2}  # 12 servers: more than a pod of `small`, needs circuits
 SMALL = {"dp": 2, "pp": 1}
@@ -161,8 +163,13 @@ def stack() -> Iterator[Stack]:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
-def call(client: httpx.Client, method: str, path: str, **kwargs: Any) -> httpx.Response:
-    """Retry through crashes until a 2xx (acknowledged); a 4xx is a test failure."""
+def call(
+    client: httpx.Client, method: str, path: str, *, retried: list[str] | None = None, **kwargs: Any
+) -> httpx.Response:
+    """Retry through crashes until a 2xx (acknowledged); a 4xx is a test failure.
+
+    Each retry after a connection error or 5xx is noted in `retried`.
+    """
     deadline = time.monotonic() + 40
     while True:
         try:
@@ -171,8 +178,10 @@ def call(client: httpx.Client, method: str, path: str, **kwargs: Any) -> httpx.R
                 return response
             if response.status_code < 500:
                 raise AssertionError(f"{method} {path}: {response.status_code} {response.text}")
-        except httpx.TransportError:
-            pass  # connection refused/reset while the API restarts: same request again
+        except httpx.TransportError as exc:
+            # connection refused/reset while the API restarts: the same request again
+            if retried is not None:
+                retried.append(type(exc).__name__)
         if time.monotonic() > deadline:
             raise AssertionError(f"{method} {path} never acknowledged")
         time.sleep(0.1)
@@ -203,6 +212,7 @@ class Telemetry(threading.Thread):
         self.labelled_reports = 0
         self.unlabelled_reports = 0
         self.error: BaseException | None = None
+        self.retried: list[str] = []
 
     def _batch(self, n: int) -> dict[str, Any]:
         at = 1_763_812_345.0 + n
@@ -232,6 +242,7 @@ class Telemetry(threading.Thread):
                     "/v1/traffic",
                     json=self._batch(n),
                     headers={"Idempotency-Key": f"telemetry-{n}"},
+                    retried=self.retried,
                 )
                 body = r.json()
                 assert r.status_code == 202 and body["accepted"] == 3, body
@@ -366,6 +377,7 @@ def test_kills_faults_and_a_failed_port_lose_and_duplicate_nothing(stack: Stack)
     telemetry.join(60)
     assert telemetry.error is None, telemetry.error
     assert telemetry.batches >= 20, "telemetry barely ran"
+    assert telemetry.retried, "the API restart interrupted no telemetry: not mid-stream"
     assert failed is not None
 
     # every acknowledged job, in the state the acknowledged calls imply
