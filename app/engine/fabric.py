@@ -344,7 +344,7 @@ def plan_fabric(
             budget = dict(d.slice.pod_ports) if d.slice.mode == MODE_ISOLATED else pool
             plan = plan_circuits(_restrict(d.combined), budget, cluster.nic_gbps)
             phase_plans = tuple(
-                (t.phase, plan_circuits(_restrict(t.pod_demand), budget, cluster.nic_gbps))
+                (t.phase, _plan_phase(t.pod_demand, budget, cluster.nic_gbps))
                 for t in d.traffic
                 if t.phase in (PHASE_PP, PHASE_DP)
             )
@@ -426,7 +426,7 @@ def _to_time_division(
         slc = JobSlice(d.job.job_id, MODE_TIME_DIVISION, (), STRANDED_REASON)
         plan = plan_circuits(_restrict(d.combined), pool, cluster.nic_gbps)
         phase_plans = tuple(
-            (t.phase, plan_circuits(_restrict(t.pod_demand), pool, cluster.nic_gbps))
+            (t.phase, _plan_phase(t.pod_demand, pool, cluster.nic_gbps))
             for t in d.traffic
             if t.phase in (PHASE_PP, PHASE_DP)
         )
@@ -435,6 +435,16 @@ def _to_time_division(
         )
         out.append(d)
     return out, pool
+
+
+def _plan_phase(demand: DemandMatrix, budget: Mapping[str, int], port_gbps: float) -> CircuitPlan:
+    """A phase's plan for the predictor: greedy two-hop routing, no LP.
+
+    The installed pp+dp plan keeps the optimal LP routing; the per-phase plans only
+    say which circuits to switch to, and two LPs more per arrival of a job spanning
+    many pods would break the 10 ms decision budget.
+    """
+    return plan_circuits(_restrict(demand), budget, port_gbps, lp_max_pods=0)
 
 
 def _restrict(demand: DemandMatrix) -> DemandMatrix:
