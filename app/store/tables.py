@@ -130,6 +130,9 @@ traffic_reports = Table(
     Column("phase_started_at", Float, nullable=False),
     Column("demands", JSON, nullable=False),
     Column("received_at", DateTime(timezone=True), nullable=False),
+    # the jobs the worker attributed the report to when it consumed it (a restart
+    # replays exactly these, not what today's placements would say)
+    Column("attributed", JSON, nullable=True),
 )
 
 # Per-job cycle predictor state, written with the traffic cursor it reflects.

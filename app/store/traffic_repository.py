@@ -7,7 +7,8 @@ decisions it derived, so each report takes effect exactly once.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +30,7 @@ class ReportRow:
     job_id: str | None
     phase_started_at: float
     demands: list[list[Any]]  # [src, dst, bytes]
+    attributed: list[str] | None = None  # jobs it fed when consumed (None: not yet)
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,7 +118,9 @@ class TrafficRepository:
                 .order_by(t.traffic_reports.c.seq)
                 .limit(limit)
             ).all()
-        return [ReportRow(r.seq, r.job_id, r.phase_started_at, r.demands) for r in rows]
+        return [
+            ReportRow(r.seq, r.job_id, r.phase_started_at, r.demands, r.attributed) for r in rows
+        ]
 
     def reports_of_jobs(self, job_ids: Sequence[str], up_to: int) -> list[ReportRow]:
         """Reports already consumed that name one of `job_ids` or none (for replay)."""
@@ -130,7 +134,9 @@ class TrafficRepository:
                 )
                 .order_by(t.traffic_reports.c.seq)
             ).all()
-        return [ReportRow(r.seq, r.job_id, r.phase_started_at, r.demands) for r in rows]
+        return [
+            ReportRow(r.seq, r.job_id, r.phase_started_at, r.demands, r.attributed) for r in rows
+        ]
 
     def commit_predictions(
         self,
@@ -138,6 +144,7 @@ class TrafficRepository:
         predictions: Sequence[PredictionRow],
         decisions: Sequence[NewDecision],
         desired: Sequence[CrossConnect] | None = None,
+        attributed: Mapping[int, tuple[str, ...]] | None = None,
     ) -> list[int]:
         """Advance the cursor, upsert summaries, rewire, log decisions: one transaction."""
         now = utcnow()
@@ -172,6 +179,15 @@ class TrafficRepository:
                     conn.execute(insert(t.predictions).values(job_id=p.job_id, **values))
             if desired is not None:
                 replace_desired(conn, desired)
+            by_jobs: dict[tuple[str, ...], list[int]] = defaultdict(list)
+            for seq, jobs in (attributed or {}).items():
+                by_jobs[jobs].append(seq)
+            for jobs, seqs in by_jobs.items():
+                conn.execute(
+                    update(t.traffic_reports)
+                    .where(t.traffic_reports.c.seq.in_(seqs))
+                    .values(attributed=list(jobs))
+                )
             return append_decisions(conn, decisions, now)
 
     def prediction(self, job_id: str) -> PredictionRow | None:

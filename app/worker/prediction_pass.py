@@ -189,8 +189,12 @@ class PredictionHandler:
             return
         by_server = {s: r.job.job_id for r in rows for s in r.placement.servers}
         for report in self.traffic.reports_of_jobs(list({r.job.job_id for r in rows}), self.cursor):
+            # only what the report did when it was consumed: a report that came
+            # before its job was placed was dropped then and stays dropped now
+            did = set(report.attributed or ())
             for job_id, demands in self._groups(report, by_server).items():
-                self._observe(job_id, demands, report.phase_started_at, live=False)
+                if job_id in did:
+                    self._observe(job_id, demands, report.phase_started_at, live=False)
         log.info("predictor states replayed", extra={"jobs": len(self.jobs), "cursor": self.cursor})
 
     @staticmethod
@@ -225,9 +229,12 @@ class PredictionHandler:
             del self.jobs[gone]  # completed jobs: their predictions are final
         decisions: list[NewDecision] = []
         touched: set[str] = set()
+        attributed: dict[int, tuple[str, ...]] = {}
         self._pending_desired = None
         for report in reports:
-            for job_id, demands in self._groups(report, by_server).items():
+            groups = self._groups(report, by_server)
+            attributed[report.seq] = tuple(sorted(groups))
+            for job_id, demands in groups.items():
                 decisions.extend(self._observe(job_id, demands, report.phase_started_at, True))
                 touched.add(job_id)
         cursor = reports[-1].seq
@@ -236,6 +243,7 @@ class PredictionHandler:
             [self.jobs[j].summary(j) for j in sorted(touched)],
             decisions,
             desired=self._pending_desired,
+            attributed=attributed,
         )
         self.cursor = cursor
         self.metrics.traffic_reports.inc(len(reports))

@@ -498,13 +498,6 @@ def test_the_standby_worker_takes_over_when_the_leader_dies(stack: Stack) -> Non
     client.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="app/worker/prediction_pass.py PredictionHandler._replay: after a restart the "
-    "consumed reports are replayed against today's placements (reports_of_jobs + _groups), "
-    "so reports that were dropped live (their job still queued, or servers then free) "
-    "now count: a SIGKILLed worker changes a job's hits+misses",
-)
 def test_a_restarted_worker_replays_only_what_the_reports_did_live(stack: Stack) -> None:
     stack.worker("worker")
     client = httpx.Client(base_url=stack.api_url, timeout=10)
