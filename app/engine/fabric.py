@@ -6,14 +6,11 @@ Redis, pydantic) or read a clock. The worker and the simulator call
 to log; the cycle predictor calls `plan_topology` per observed phase.
 
 Slices (the vClos idea): each job with inter-pod traffic gets an isolated quota
-of uplink ports on the pods it spans, fair to the other jobs of each pod: its
-share of the pod's servers times the pod's uplinks, ceil(servers_in_pod /
-pod_servers * uplink_ports), at least one port per peer pod, at most its
-servers' cross-pod NIC bandwidth and the free ports. A job whose pods cannot
-spare one port per peer pod, or whose circuits find no OXC with a free port of
-both pods (fragmentation), is put in time division: such jobs share the ports
-no slice holds and take turns (the first in turn order holds the circuits now;
-`tdm_active` rotates it). A job keeps its slice, its
+of uplink ports on the pods it spans, sized to its servers' cross-pod NIC
+bandwidth (servers * server_gbps / port_gbps), capped by the free ports. A job
+whose pods cannot spare one port per peer pod is put in time division: such
+jobs share the ports no slice holds and take turns (the first in turn order
+holds the circuits now; `tdm_active` rotates it). A job keeps its slice, its
 collective and its cross-connects while its placement is unchanged, so an
 arrival or completion never disturbs the other jobs.
 
@@ -24,7 +21,6 @@ the predictor to switch between inside the same slice.
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -183,23 +179,6 @@ def _cross_pod_ports(
     return {p: n * per_server for p, n in servers.items()}
 
 
-def _fair_ports(cluster: Cluster, placement: Placement) -> dict[str, int]:
-    """A pod's uplinks in proportion to the job's share of that pod's servers.
-
-    ceil(servers_in_pod / pod_servers * uplink_ports): jobs sharing a pod each get
-    an isolated slice instead of the first one taking every uplink (vClos).
-    """
-    held: dict[str, int] = defaultdict(int)
-    for s in placement.servers:
-        held[cluster.server(s).pod_id] += 1
-    out = {}
-    for pod_id, n in held.items():
-        pod = cluster.pods_by_id[pod_id]
-        total = sum(len(t.servers) for t in pod.tors)
-        out[pod_id] = -(-n * pod.uplink_ports // total)  # ceiling division
-    return out
-
-
 def _peers(demand: DemandMatrix) -> dict[str, int]:
     """Distinct peer pods per pod (a slice needs a port for each)."""
     peers: dict[str, set[str]] = defaultdict(set)
@@ -221,8 +200,7 @@ def _slice(
         why = "too few free uplink ports for an isolated slice on " + ", ".join(short)
         return JobSlice(job_id, MODE_TIME_DIVISION, (), why)
     want = _cross_pod_ports(cluster, demand, placement)
-    fair = _fair_ports(cluster, placement)
-    quota = {p: max(need[p], min(free[p], want.get(p, 0), fair.get(p, 0))) for p in need}
+    quota = {p: max(need[p], min(free[p], want.get(p, 0))) for p in need}
     for p, n in quota.items():
         free[p] -= n
     return JobSlice(job_id, MODE_ISOLATED, tuple(sorted(quota.items())), "vClos slice")
@@ -344,7 +322,7 @@ def plan_fabric(
             budget = dict(d.slice.pod_ports) if d.slice.mode == MODE_ISOLATED else pool
             plan = plan_circuits(_restrict(d.combined), budget, cluster.nic_gbps)
             phase_plans = tuple(
-                (t.phase, _plan_phase(t.pod_demand, budget, cluster.nic_gbps))
+                (t.phase, plan_circuits(_restrict(t.pod_demand), budget, cluster.nic_gbps))
                 for t in d.traffic
                 if t.phase in (PHASE_PP, PHASE_DP)
             )
@@ -354,16 +332,6 @@ def plan_fabric(
         if installs and d.plan.circuits.total:
             wanted[d.job.job_id] = d.plan.circuits
     mapping = map_cross_connects(cluster, wanted, current)
-    stranded = _stranded(cluster, planned, mapping.cross_connects, mapping.unmapped)
-    if stranded:
-        # fair quotas fit every pod's port count, but a circuit needs a free port of
-        # both pods on one OXC; a new slice whose circuits cannot carry its demand
-        # there goes to time division (its ports return to the pool) instead
-        planned, pool = _to_time_division(cluster, planned, stranded, pool)
-        tdm += [j for j in sorted(stranded) if j not in tdm]
-        for job_id in stranded:
-            wanted.pop(job_id, None)
-        mapping = map_cross_connects(cluster, wanted, current)
     by_job: dict[str, list[CrossConnect]] = defaultdict(list)
     for cc in mapping.cross_connects:
         by_job[cc.job_id].append(cc)
@@ -383,68 +351,6 @@ def plan_fabric(
 
 
 _EMPTY_PLAN = CircuitPlan(PodCircuits((), ()), 0.0, 0.0, (), "none")
-
-STRANDED_REASON = "free uplink ports of its pods sit on different OXCs: no isolated circuits"
-
-
-def _stranded(
-    cluster: Cluster,
-    drafts: Sequence[_Draft],
-    cross_connects: Sequence[CrossConnect],
-    unmapped: Sequence[tuple[str, str, str, int]],
-) -> set[str]:
-    """New isolated jobs whose mapped circuits cannot carry their pp+dp demand."""
-    short = {u[0] for u in unmapped}
-    out: set[str] = set()
-    for d in drafts:
-        job_id = d.job.job_id
-        if job_id not in short or d.reused is not None or d.slice.mode != MODE_ISOLATED:
-            continue
-        mine = [cc for cc in cross_connects if cc.job_id == job_id]
-        real = realised_circuits(cluster, mine, job_id)
-        budget = dict(d.slice.pod_ports)
-        plan = evaluate_circuits(_restrict(d.combined), real, budget, cluster.nic_gbps)
-        if not math.isfinite(plan.completion_s):
-            out.add(job_id)
-    return out
-
-
-def _to_time_division(
-    cluster: Cluster, drafts: Sequence[_Draft], stranded: set[str], pool: dict[str, int]
-) -> tuple[list[_Draft], dict[str, int]]:
-    """The stranded jobs' slices given back to the pool, re-planned on it in time division."""
-    pool = dict(pool)
-    for d in drafts:
-        if d.job.job_id in stranded:
-            for p, n in d.slice.pod_ports:
-                pool[p] += n
-    out = []
-    for d in drafts:
-        if d.job.job_id not in stranded:
-            out.append(d)
-            continue
-        slc = JobSlice(d.job.job_id, MODE_TIME_DIVISION, (), STRANDED_REASON)
-        plan = plan_circuits(_restrict(d.combined), pool, cluster.nic_gbps)
-        phase_plans = tuple(
-            (t.phase, _plan_phase(t.pod_demand, pool, cluster.nic_gbps))
-            for t in d.traffic
-            if t.phase in (PHASE_PP, PHASE_DP)
-        )
-        d = _Draft(
-            d.job, d.placement, d.collective, slc, d.traffic, d.combined, plan, phase_plans, None
-        )
-        out.append(d)
-    return out, pool
-
-
-def _plan_phase(demand: DemandMatrix, budget: Mapping[str, int], port_gbps: float) -> CircuitPlan:
-    """A phase's plan for the predictor: greedy two-hop routing, no LP.
-
-    The installed pp+dp plan keeps the optimal LP routing; the per-phase plans only
-    say which circuits to switch to, and two LPs more per arrival of a job spanning
-    many pods would break the 10 ms decision budget.
-    """
-    return plan_circuits(_restrict(demand), budget, port_gbps, lp_max_pods=0)
 
 
 def _restrict(demand: DemandMatrix) -> DemandMatrix:
