@@ -231,6 +231,8 @@ def build_worker_runtime(settings: Settings, cluster: Cluster) -> Runtime:
 
     def deposed() -> None:
         metrics.is_leader.set(0)
+        metrics.mlu.set(0)  # only the leader's view of the fabric is meaningful
+        metrics.converged.set(0)
 
     leader = LeaderLoop(lease, on_elected=elected, on_deposed=deposed)
     runtime.is_leader = leader.is_leader
