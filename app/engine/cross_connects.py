@@ -114,19 +114,21 @@ def map_cross_connects(
     cluster: Cluster,
     wanted: Mapping[str, PodCircuits],
     current: Iterable[CrossConnect],
+    occupied: Iterable[tuple[str, int]] = (),
 ) -> CrossConnectMapping:
     """Cross-connects realising each job's wanted circuits, keeping current ones that fit.
 
     Current cross-connects of jobs not in `wanted`, or beyond a job's wanted count
     for their pod pair, are dropped. Circuits no OXC has free ports for are
-    reported in `unmapped`, never placed on a used port.
+    reported in `unmapped`, never placed on a used port. `occupied` ports (held by
+    jobs left out of `wanted`, whose cross-connects stay as they are) are never used.
     """
     where = port_pods(cluster)
     need: dict[str, dict[tuple[str, str], int]] = {
         job: {(a, b): n for a, b, n in circ.pairs()} for job, circ in wanted.items()
     }
     kept: list[CrossConnect] = []
-    used: set[tuple[str, int]] = set()
+    used: set[tuple[str, int]] = set(occupied)
     for cc in dict.fromkeys(current):  # input order, duplicates dropped
         a, b = where.get((cc.oxc_id, cc.port_a)), where.get((cc.oxc_id, cc.port_b))
         if a is None or b is None or a == b or cc.job_id not in need:

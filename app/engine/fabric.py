@@ -219,8 +219,10 @@ def _routes(cluster: Cluster, flows: Sequence[Flow], plan: CircuitPlan) -> tuple
         dst = _pod(cluster, f.dst)
         if src is None or dst is None:
             continue
-        path: tuple[str, ...] = (src,) if src == dst else (src, dst)
+        path: tuple[str, ...] = (src,)
         bytes_left = left.get((src, dst))
+        if src != dst and not bytes_left:
+            continue  # no circuit path between the pods now
         if bytes_left:
             # the path with most bytes still unassigned takes the flow
             k = max(range(len(bytes_left)), key=bytes_left.__getitem__)
@@ -257,6 +259,7 @@ def plan_fabric(
     aggregators: AggregatorLedger,
     previous: FabricPlan | None = None,
     tdm_active: str | None = None,
+    keep_turns: bool = False,
 ) -> FabricPlan:
     """Plan every placed job's collective, slice, cross-connects and routing.
 
@@ -281,6 +284,30 @@ def plan_fabric(
     for pj in jobs:
         job_id = pj.job.job_id
         old = kept.get(job_id)
+        if old is not None and old.slice.mode == MODE_TIME_DIVISION and keep_turns:
+            # a job taking turns keeps taking them until a completion frees ports
+            ledger = ledger.release(job_id).reserve(cluster, old.collective.grants)
+            traffic = job_traffic(
+                cluster,
+                pj.job,
+                pj.placement,
+                old.collective.algorithm,
+                dict(old.collective.root_tors),
+            )
+            drafts.append(
+                _Draft(
+                    pj.job,
+                    pj.placement,
+                    old.collective,
+                    old.slice,
+                    traffic,
+                    _combined(traffic),
+                    _EMPTY_PLAN,
+                    (),
+                    None,
+                )
+            )
+            continue
         if old is not None and old.slice.mode != MODE_TIME_DIVISION:
             ledger = ledger.release(job_id).reserve(cluster, old.collective.grants)
             drafts.append(
@@ -309,12 +336,17 @@ def plan_fabric(
         drafts.append(
             _Draft(pj.job, pj.placement, choice, slc, traffic, combined, _EMPTY_PLAN, (), None)
         )
+    drafts, free = _reclaim_for_turns(cluster, drafts, free)
     # time division shares what no isolated slice holds
     pool = dict(free)
     tdm = [d.job.job_id for d in drafts if d.slice.mode == MODE_TIME_DIVISION]
     if tdm_active in tdm:
         i = tdm.index(tdm_active)
         tdm = tdm[i:] + tdm[:i]
+    current = tuple(current)
+    held_by: dict[str, list[CrossConnect]] = defaultdict(list)
+    for cc in current:
+        held_by[cc.job_id].append(cc)
     wanted: dict[str, PodCircuits] = {}
     planned: list[_Draft] = []
     for d in drafts:
@@ -328,9 +360,14 @@ def plan_fabric(
             )
             d = _replace_plan(d, plan, phase_plans)
         planned.append(d)
-        installs = d.slice.mode == MODE_ISOLATED or (tdm and tdm[0] == d.job.job_id)
-        if installs and d.plan.circuits.total:
-            wanted[d.job.job_id] = d.plan.circuits
+        job_id = d.job.job_id
+        installs = d.slice.mode == MODE_ISOLATED or (tdm and tdm[0] == job_id)
+        if installs and d.reused is not None and held_by.get(job_id):
+            # an unchanged allocation keeps exactly the circuits it holds now (its
+            # current phase topology included): others' arrivals do not revert it
+            wanted[job_id] = realised_circuits(cluster, held_by[job_id], job_id)
+        elif installs and d.plan.circuits.total:
+            wanted[job_id] = d.plan.circuits
     mapping = map_cross_connects(cluster, wanted, current)
     by_job: dict[str, list[CrossConnect]] = defaultdict(list)
     for cc in mapping.cross_connects:
@@ -351,6 +388,86 @@ def plan_fabric(
 
 
 _EMPTY_PLAN = CircuitPlan(PodCircuits((), ()), 0.0, 0.0, (), "none")
+
+
+def _reclaim_for_turns(
+    cluster: Cluster, drafts: Sequence[_Draft], free: dict[str, int]
+) -> tuple[list[_Draft], dict[str, int]]:
+    """Ports for the jobs that take turns: at least one per peer pod outside the slices.
+
+    Every placed job with cross-pod traffic is served; a time-division job whose pod
+    has no port outside the isolated slices would have nothing to take turns on. The
+    isolated slice with most spare ports on that pod gives up the deficit (its
+    allocation changes, so it is planned afresh), never below one port per peer pod.
+    """
+    free = dict(free)
+    out = list(drafts)
+    for d in drafts:
+        if d.slice.mode != MODE_TIME_DIVISION:
+            continue
+        for pod, n in sorted(_peers(d.combined).items()):
+            deficit = n - free.get(pod, 0)
+            while deficit > 0:
+                spare = [
+                    (dict(o.slice.pod_ports).get(pod, 0) - _min_ports(cluster, o).get(pod, 0), i)
+                    for i, o in enumerate(out)
+                    if o.slice.mode == MODE_ISOLATED
+                ]
+                best = max(spare, default=(0, -1))
+                if best[0] <= 0:
+                    # every slice there is minimal: the latest one joins the turns
+                    # and its ports go to the pool
+                    late = [
+                        i
+                        for i, o in enumerate(out)
+                        if o.slice.mode == MODE_ISOLATED and dict(o.slice.pod_ports).get(pod, 0) > 0
+                    ]
+                    if not late:
+                        break
+                    gone = out[late[-1]]
+                    for p, n in gone.slice.pod_ports:
+                        free[p] = free.get(p, 0) + n
+                    deficit -= dict(gone.slice.pod_ports)[pod]
+                    out[late[-1]] = _taking_turns(cluster, gone)
+                    continue
+                take = min(deficit, best[0])
+                out[best[1]] = _shrunk(cluster, out[best[1]], pod, take)
+                free[pod] += take
+                deficit -= take
+    return out, free
+
+
+TURNS_REASON = "uplink ports of its pods are all in minimal slices: takes turns on shared ports"
+
+
+def _taking_turns(cluster: Cluster, d: _Draft) -> _Draft:
+    traffic = _draft_traffic(cluster, d)
+    slc = JobSlice(d.job.job_id, MODE_TIME_DIVISION, (), TURNS_REASON)
+    return _Draft(
+        d.job, d.placement, d.collective, slc, traffic, _combined(traffic), _EMPTY_PLAN, (), None
+    )
+
+
+def _draft_traffic(cluster: Cluster, d: _Draft) -> tuple[PhaseTraffic, ...]:
+    return d.traffic or job_traffic(
+        cluster, d.job, d.placement, d.collective.algorithm, dict(d.collective.root_tors)
+    )
+
+
+def _min_ports(cluster: Cluster, d: _Draft) -> dict[str, int]:
+    combined = d.combined if d.combined.pod_ids else _combined(_draft_traffic(cluster, d))
+    return _peers(combined)
+
+
+def _shrunk(cluster: Cluster, d: _Draft, pod: str, ports: int) -> _Draft:
+    """The draft with `ports` fewer on `pod`, to be planned afresh."""
+    traffic = _draft_traffic(cluster, d)
+    quota = dict(d.slice.pod_ports)
+    quota[pod] -= ports
+    slc = JobSlice(d.job.job_id, MODE_ISOLATED, tuple(sorted(quota.items())), "vClos slice")
+    return _Draft(
+        d.job, d.placement, d.collective, slc, traffic, _combined(traffic), _EMPTY_PLAN, (), None
+    )
 
 
 def _restrict(demand: DemandMatrix) -> DemandMatrix:
@@ -392,16 +509,33 @@ def _finish(cluster: Cluster, d: _Draft, real: PodCircuits) -> JobFabric:
         plan = evaluate_circuits(_restrict(combined), real, budget, cluster.nic_gbps)
     choice = d.collective
     if d.slice.mode != MODE_NONE:
+        # a job waiting for its turn is estimated on the circuits its turn brings
         circuits = real if real.total else d.plan.circuits
         choice = reestimate(choice, cluster, d.job, d.placement, circuits.gbps(cluster.nic_gbps))
+    routing = route_phases(cluster, job_id, traffic, choice, real, budget)
+    return JobFabric(job_id, d.placement, choice, d.slice, plan, d.phase_plans, real, routing)
+
+
+def route_phases(
+    cluster: Cluster,
+    job_id: str,
+    traffic: Sequence[PhaseTraffic],
+    choice: CollectiveChoice,
+    circuits: PodCircuits,
+    budget: Mapping[str, int],
+) -> tuple[RoutingDecision, ...]:
+    """The routing headers of a job's pp and dp phases over the circuits it holds now.
+
+    Only circuits that exist carry a route: a cross-pod flow with no circuit path
+    (a job waiting for its turn on shared ports) gets no source route until one does.
+    """
     routing = []
     for t in traffic:
         if t.phase not in (PHASE_PP, PHASE_DP):
             continue
-        on = real if real.total else d.plan.circuits
         phase_eval = (
-            evaluate_circuits(_restrict(t.pod_demand), on, budget, cluster.nic_gbps)
-            if t.pod_demand.total_bytes
+            evaluate_circuits(_restrict(t.pod_demand), circuits, budget, cluster.nic_gbps)
+            if t.pod_demand.total_bytes and circuits.total
             else _EMPTY_PLAN
         )
         dp = t.phase == PHASE_DP
@@ -415,9 +549,7 @@ def _finish(cluster: Cluster, d: _Draft, real: PodCircuits) -> JobFabric:
                 _routes(cluster, t.flows, phase_eval),
             )
         )
-    return JobFabric(
-        job_id, d.placement, choice, d.slice, plan, d.phase_plans, real, tuple(routing)
-    )
+    return tuple(routing)
 
 
 def _combined(traffic: Sequence[PhaseTraffic]) -> DemandMatrix:

@@ -127,10 +127,26 @@ def test_fabric_invariants_and_minimal_change(pairs: list[tuple[int, int]]) -> N
         _check_fabric(new)
         if plan is not None:
             for jf in plan.jobs:
-                if jf.slice.mode == MODE_ISOLATED:
+                after = new.job(jf.job_id)
+                # an arrival changes only the cross-connects of jobs whose slice it changes
+                if jf.slice.mode == MODE_ISOLATED and after and after.slice == jf.slice:
                     mine = {cc for cc in plan.cross_connects if cc.job_id == jf.job_id}
                     assert mine <= set(new.cross_connects)
+        _check_served(new)
         plan, current, ledger = new, new.cross_connects, new.aggregators
+
+
+def _check_served(plan: FabricPlan) -> None:
+    """Every job with cross-pod traffic has its own ports or ports to take turns on."""
+    pool: dict[str, int] = {p.id: p.uplink_ports for p in SMALL.pods}
+    for jf in plan.jobs:
+        if jf.slice.mode == MODE_ISOLATED:
+            assert all(n >= 1 for _, n in jf.slice.pod_ports)
+            for p, n in jf.slice.pod_ports:
+                pool[p] -= n
+    for jf in plan.jobs:
+        if jf.slice.mode == MODE_TIME_DIVISION:
+            assert jf.plan.circuits.total > 0, f"{jf.job_id} has nothing to take turns on"
 
 
 def test_plan_topology_for_the_predictor() -> None:

@@ -1,0 +1,710 @@
+"""The fabric controller: one pure state machine of the optical fabric over time.
+
+Every fabric decision lives here; the worker (database and switches) and the
+simulator (simulated time) are thin loops that feed it events and carry out
+the decisions it returns. `step(state, event) -> (state, decisions)`:
+
+- `JobPlaced` / `JobCompleted`: re-allocate ports (`fabric.plan_fabric`). Jobs
+  whose allocation is unchanged keep exactly the cross-connects they hold (their
+  current phase topology included); ports a completion frees go to running jobs
+  whose slice is short of what would make them non-blocking; a job that gets no
+  isolated slice takes turns on the ports no slice holds (`shared`).
+- `PhaseObserved`: one communication phase of a job (its pod demand and start
+  time). It is scored against what the switches had confirmed (below), the job's
+  cycle predictor steps, and the controller decides hold-or-rewire: per-phase
+  circuits inside the job's slice only once the predicted period has come true
+  and every recent rewiring fitted the compute gap before its phase (else the
+  job holds its pp+dp topology), and only for a plan whose own circuits finish it
+  faster than the held ones. Routing headers follow every rewiring.
+- `SwitchConfirmed`: what the switches hold, and when. A job's change is
+  confirmed when all its desired cross-connects are held.
+- `Tick`: the clock; rotates the turn on shared ports (each turn pays its
+  reconfiguration, as every change waits for its confirmation).
+
+Accounting, measured not believed (the same definition in the API, metrics and
+simulator): a phase is a `hit` when the switches had confirmed the topology the
+controller planned for that phase before the phase started; `held` when it ran
+on a topology the controller chose to keep (the pp+dp topology, or any topology
+for a phase with no inter-pod traffic); a `miss` otherwise. `exposed_s` is time
+a phase waited on circuits still being switched (start to confirmation). A
+phase that starts while its job's change is unconfirmed is scored when the
+confirmation comes.
+
+Pure module: no I/O, no clock (times are arguments), no FastAPI, SQLAlchemy,
+Redis or pydantic imports.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+
+from .circuits import PodCircuits, evaluate_circuits, port_bound_s
+from .cluster import Cluster
+from .collective import AggregatorLedger
+from .cross_connects import (
+    CrossConnect,
+    diff_cross_connects,
+    map_cross_connects,
+    realised_circuits,
+)
+from .fabric import (
+    MODE_ISOLATED,
+    MODE_NONE,
+    MODE_TIME_DIVISION,
+    Decision,
+    FabricPlan,
+    JobFabric,
+    PlacedJob,
+    RoutingDecision,
+    diff_plans,
+    plan_fabric,
+    plan_topology,
+    route_phases,
+)
+from .job import Job, Placement
+from .plan_signature import EMPTY_PLAN_ID, PlanCatalog, PodDemand, classify_plan
+from .predictor import DEFAULT_ALGORITHM, PredictorState, new_predictor
+from .predictor import step as step_predictor
+from .preinstall import should_preinstall
+from .traffic import PHASE_DP, PHASE_PP, DemandMatrix, job_traffic
+
+HELD_PLAN = "plan-held"  # what a job's circuits are for when it holds its pp+dp topology
+OFF_TURN = "plan-off-turn"  # a sharing job between its turns: no circuits of its own
+ARRIVALS_KEPT = 64
+INSTALLS_KEPT = 16
+# a plan's own circuits must beat the held ones by this much to be worth a rewiring
+MIN_GAIN = 0.01
+
+# the `network.mode` of GET /v1/jobs/{id}
+NETWORK_ISOLATED = "isolated"
+NETWORK_SHARED = "shared"
+NETWORK_ELECTRICAL = "electrical"
+NETWORK_NONE = "none"
+
+
+@dataclass(frozen=True, slots=True)
+class ControllerConfig:
+    """Settings of the controller: switch latency, predictor, guard and turn length."""
+
+    reconfig_ms: float
+    predictor: str = DEFAULT_ALGORITHM
+    guard_ms: float = 0.0  # margin a pre-installed change must leave before its phase
+    turn_ms: float | None = None  # a turn on shared ports; default 40 x reconfig, >= 250 ms
+
+    @property
+    def turn_s(self) -> float:
+        ms = self.turn_ms if self.turn_ms is not None else max(40.0 * self.reconfig_ms, 250.0)
+        return ms / 1000.0
+
+
+# ------------------------------------------------------------------ events
+
+
+@dataclass(frozen=True, slots=True)
+class JobPlaced:
+    """A job was placed (or re-read after a restart) at `at_s`."""
+
+    job: Job
+    placement: Placement
+    at_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class JobCompleted:
+    """A job left (completed, failed or cancelled) at `at_s`."""
+
+    job_id: str
+    at_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class PhaseObserved:
+    """One communication phase of a job: its pod demand, start, and when it was seen."""
+
+    job_id: str
+    demand: PodDemand
+    started_at_s: float
+    at_s: float  # when the controller handles it (after the phase's start)
+
+
+@dataclass(frozen=True, slots=True)
+class SwitchConfirmed:
+    """The switches hold exactly `held` (oxc, port_a, port_b) as of `at_s`."""
+
+    held: frozenset[tuple[str, int, int]]
+    at_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Tick:
+    """The clock moved to `at_s`."""
+
+    at_s: float
+
+
+Event = JobPlaced | JobCompleted | PhaseObserved | SwitchConfirmed | Tick
+
+
+# ------------------------------------------------------------------ state
+
+
+@dataclass(frozen=True, slots=True)
+class Accounting:
+    """A job's phases as they happened: hits, held, misses, exposed seconds, rewirings."""
+
+    hits: int = 0
+    held: int = 0
+    misses: int = 0
+    exposed_s: float = 0.0
+    reconfigurations: int = 0
+
+    def plus(self, outcome: str, exposed_s: float = 0.0) -> Accounting:
+        return replace(
+            self,
+            hits=self.hits + (outcome == "hit"),
+            held=self.held + (outcome == "held"),
+            misses=self.misses + (outcome == "miss"),
+            exposed_s=self.exposed_s + exposed_s,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Install:
+    """One change of a job's circuits: what it is for, asked at, confirmed at (None: not yet)."""
+
+    target: str
+    requested_at_s: float
+    confirmed_at_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class WaitingPhase:
+    """A phase that started while its job's circuits were unconfirmed."""
+
+    plan_id: str
+    started_at_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class JobCycle:
+    """One job's predictor, plan catalogue, phase timing, circuit history and accounting."""
+
+    predictor: PredictorState
+    catalog: PlanCatalog = field(default_factory=PlanCatalog)
+    demands: Mapping[str, PodDemand] = field(default_factory=dict)
+    circuits: Mapping[str, PodCircuits] = field(default_factory=dict)  # own plan per plan id
+    gains: Mapping[str, float] = field(default_factory=dict)  # held time / own time - 1
+    arrivals: tuple[float, ...] = ()
+    installs: tuple[Install, ...] = ()
+    waiting: tuple[WaitingPhase, ...] = ()
+    fits: tuple[bool, ...] = ()  # did each recent rewiring fit its gap
+    confirmed_period: bool = False  # a predicted period came true at least once
+    accounting: Accounting = Accounting()
+    last_plan: str | None = None
+
+    @property
+    def target(self) -> str:
+        return self.installs[-1].target if self.installs else HELD_PLAN
+
+
+@dataclass(frozen=True, slots=True)
+class NetworkView:
+    """How a job's cross-pod traffic is served now (`network` of GET /v1/jobs/{id})."""
+
+    mode: str
+    pod_ports: tuple[tuple[str, int], ...]
+    estimated_slowdown: float | None
+    reason: str
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "mode": self.mode,
+            "pod_ports": dict(self.pod_ports),
+            "estimated_slowdown": self.estimated_slowdown,
+            "reason": self.reason,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class ControllerState:
+    """The fabric over time: allocation, desired cross-connects, per-job cycles, turns."""
+
+    cluster: Cluster
+    config: ControllerConfig
+    jobs: tuple[PlacedJob, ...] = ()  # placement order (earlier jobs keep port priority)
+    fabric: FabricPlan | None = None
+    desired: tuple[CrossConnect, ...] = ()
+    confirmed: frozenset[tuple[str, int, int]] = frozenset()
+    cycles: Mapping[str, JobCycle] = field(default_factory=dict)
+    turn_started_s: float = 0.0
+    now_s: float = 0.0
+
+    def cycle(self, job_id: str) -> JobCycle | None:
+        return self.cycles.get(job_id)
+
+    def job_fabric(self, job_id: str) -> JobFabric | None:
+        return self.fabric.job(job_id) if self.fabric is not None else None
+
+    @property
+    def turn_order(self) -> tuple[str, ...]:
+        return self.fabric.time_division if self.fabric is not None else ()
+
+
+def new_controller(cluster: Cluster, config: ControllerConfig) -> ControllerState:
+    """An empty fabric: no jobs, no cross-connects."""
+    return ControllerState(cluster, config)
+
+
+def step(state: ControllerState, event: Event) -> tuple[ControllerState, tuple[Decision, ...]]:
+    """Apply one event; the decisions are what the switches and hosts must be told."""
+    state = replace(state, now_s=max(state.now_s, event.at_s))
+    if isinstance(event, JobPlaced):
+        return _placed(state, event)
+    if isinstance(event, JobCompleted):
+        return _completed(state, event)
+    if isinstance(event, PhaseObserved):
+        return _observed(state, event)
+    if isinstance(event, SwitchConfirmed):
+        return _confirmed(state, event), ()
+    return _tick(state, event)
+
+
+# ------------------------------------------------------------------ allocation
+
+
+def _placed(state: ControllerState, e: JobPlaced) -> tuple[ControllerState, tuple[Decision, ...]]:
+    if any(pj.job.job_id == e.job.job_id for pj in state.jobs):
+        return state, ()
+    jobs = state.jobs + (PlacedJob(e.job, e.placement),)
+    cycles = dict(state.cycles)
+    cycles[e.job.job_id] = JobCycle(new_predictor(state.config.predictor))
+    return _reallocate(replace(state, cycles=cycles), jobs, "arrival", e.at_s, grow=False)
+
+
+def _completed(
+    state: ControllerState, e: JobCompleted
+) -> tuple[ControllerState, tuple[Decision, ...]]:
+    if not any(pj.job.job_id == e.job_id for pj in state.jobs):
+        return state, ()
+    jobs = tuple(pj for pj in state.jobs if pj.job.job_id != e.job_id)
+    cycles = {k: v for k, v in state.cycles.items() if k != e.job_id}
+    return _reallocate(replace(state, cycles=cycles), jobs, "completion", e.at_s, grow=True)
+
+
+def _growers(cluster: Cluster, fabric: FabricPlan, jobs: Sequence[PlacedJob]) -> set[str]:
+    """Isolated jobs whose slice is short of non-blocking on pods that now have free ports."""
+    free = {p.id: p.uplink_ports for p in cluster.pods}
+    kept = {pj.job.job_id for pj in jobs}
+    for jf in fabric.jobs:
+        if jf.job_id in kept and jf.slice.mode == MODE_ISOLATED:
+            for p, n in jf.slice.pod_ports:
+                free[p] -= n
+    out = set()
+    for jf in fabric.jobs:
+        if jf.job_id not in kept or jf.slice.mode != MODE_ISOLATED:
+            continue
+        if any(free[p] > 0 and jf.plan.completion_s > 0 for p, _ in jf.slice.pod_ports):
+            if _is_port_bound(cluster, jf) and all(free[p] > 0 for p, _ in jf.slice.pod_ports):
+                out.add(jf.job_id)
+    return out
+
+
+def _is_port_bound(cluster: Cluster, jf: JobFabric) -> bool:
+    """Would more ports on its pods make the job's pp+dp topology faster?"""
+    servers: dict[str, int] = {}
+    for s in jf.placement.servers:
+        pod = cluster.server(s).pod_id
+        servers[pod] = servers.get(pod, 0) + 1
+    per_server = max(1, round(cluster.server_gbps / cluster.nic_gbps))
+    return any(n < servers.get(p, 0) * per_server for p, n in jf.slice.pod_ports)
+
+
+def _reallocate(
+    state: ControllerState, jobs: tuple[PlacedJob, ...], reason: str, at_s: float, *, grow: bool
+) -> tuple[ControllerState, tuple[Decision, ...]]:
+    cluster = state.cluster
+    previous = state.fabric
+    if previous is not None and grow:
+        growers = _growers(cluster, previous, jobs)
+        if growers:  # planned afresh, they take the freed ports
+            previous = replace(
+                previous, jobs=tuple(j for j in previous.jobs if j.job_id not in growers)
+            )
+    ledger = state.fabric.aggregators if state.fabric is not None else AggregatorLedger()
+    active = state.turn_order[0] if state.turn_order else None
+    fabric = plan_fabric(
+        cluster, jobs, state.desired, ledger, previous, tdm_active=active, keep_turns=not grow
+    )
+    before = state.fabric or FabricPlan((), state.desired, PodCircuits((), ()), 0.0, ledger, (), ())
+    before = replace(before, cross_connects=state.desired)
+    decisions = diff_plans(before, fabric, reason)
+    state = replace(state, jobs=jobs, fabric=fabric, desired=fabric.cross_connects)
+    if active is None or not fabric.time_division or fabric.time_division[0] != active:
+        state = replace(state, turn_started_s=at_s)
+    changed = _jobs_changed(before.cross_connects, fabric.cross_connects)
+    return _record_installs(state, changed, at_s), decisions
+
+
+def _jobs_changed(
+    before: Sequence[CrossConnect], after: Sequence[CrossConnect]
+) -> dict[str, str | None]:
+    """Jobs whose cross-connects differ, with None (the caller sets what they are for)."""
+    old: dict[str, set[tuple[str, int, int]]] = {}
+    new: dict[str, set[tuple[str, int, int]]] = {}
+    for cc in before:
+        old.setdefault(cc.job_id, set()).add(cc.key)
+    for cc in after:
+        new.setdefault(cc.job_id, set()).add(cc.key)
+    return {j: None for j in set(old) | set(new) if old.get(j) != new.get(j)}
+
+
+def _record_installs(
+    state: ControllerState, changed: Mapping[str, str | None], at_s: float
+) -> ControllerState:
+    """Start an unconfirmed install for each changed job (held topology unless told)."""
+    if not changed:
+        return state
+    cycles = dict(state.cycles)
+    for job_id, target in changed.items():
+        cycle = cycles.get(job_id)
+        if cycle is None:
+            continue
+        if target is None:
+            jf = state.job_fabric(job_id)
+            on_turn = jf is not None and (
+                jf.slice.mode != MODE_TIME_DIVISION or state.turn_order[:1] == (job_id,)
+            )
+            target = HELD_PLAN if on_turn else OFF_TURN
+        installs = (cycle.installs + (Install(target, at_s),))[-INSTALLS_KEPT:]
+        acc = replace(cycle.accounting, reconfigurations=cycle.accounting.reconfigurations + 1)
+        cycles[job_id] = replace(cycle, installs=installs, accounting=acc)
+    return replace(state, cycles=cycles)
+
+
+# ------------------------------------------------------------------ confirmations
+
+
+def _confirmed(state: ControllerState, e: SwitchConfirmed) -> ControllerState:
+    mine: dict[str, set[tuple[str, int, int]]] = {}
+    for cc in state.desired:
+        mine.setdefault(cc.job_id, set()).add(cc.key)
+    cycles = dict(state.cycles)
+    for job_id, cycle in state.cycles.items():
+        if not cycle.installs or cycle.installs[-1].confirmed_at_s is not None:
+            continue
+        if not mine.get(job_id, set()) <= e.held:
+            continue
+        installs = tuple(
+            i if i.confirmed_at_s is not None else replace(i, confirmed_at_s=e.at_s)
+            for i in cycle.installs
+        )
+        cycle = replace(cycle, installs=installs)
+        for w in cycle.waiting:
+            cycle = _score(cycle, w.plan_id, w.started_at_s)
+        cycles[job_id] = replace(cycle, waiting=())
+    return replace(state, confirmed=e.held, cycles=cycles)
+
+
+def _score(cycle: JobCycle, plan_id: str, started_at_s: float) -> JobCycle:
+    """Score one phase against what the switches held when it started (see module doc)."""
+    if plan_id == EMPTY_PLAN_ID:
+        return replace(cycle, accounting=cycle.accounting.plus("held"))
+    install = None
+    for i in reversed(cycle.installs):
+        if i.requested_at_s <= started_at_s:
+            install = i
+            break
+    if install is None and cycle.installs:
+        install = cycle.installs[0]  # before the first recorded change: placement's topology
+    if install is None:
+        return replace(cycle, accounting=cycle.accounting.plus("miss"))
+    if install.confirmed_at_s is None:
+        waiting = cycle.waiting + (WaitingPhase(plan_id, started_at_s),)
+        return replace(cycle, waiting=waiting)
+    if install.confirmed_at_s > started_at_s:
+        exposed = install.confirmed_at_s - max(started_at_s, install.requested_at_s)
+        return replace(cycle, accounting=cycle.accounting.plus("miss", exposed))
+    if install.target == plan_id:
+        return replace(cycle, accounting=cycle.accounting.plus("hit"))
+    if install.target == HELD_PLAN:
+        return replace(cycle, accounting=cycle.accounting.plus("held"))
+    return replace(cycle, accounting=cycle.accounting.plus("miss"))
+
+
+# ------------------------------------------------------------------ phases
+
+
+def _observed(
+    state: ControllerState, e: PhaseObserved
+) -> tuple[ControllerState, tuple[Decision, ...]]:
+    cycle = state.cycles.get(e.job_id)
+    jf = state.job_fabric(e.job_id)
+    if cycle is None or jf is None:
+        return state, ()  # not placed (yet, or any more): nothing to learn
+    catalog, plan_id = classify_plan(cycle.catalog, e.demand)
+    cycle = replace(cycle, catalog=catalog, last_plan=plan_id)
+    if plan_id not in cycle.demands:
+        cycle = _learn_plan(state.cluster, jf, cycle, plan_id, e.demand)
+    cycle = _score(cycle, plan_id, e.started_at_s)
+    predictor, outcome = step_predictor(cycle.predictor, plan_id)
+    arrivals = (cycle.arrivals + (e.started_at_s,))[-ARRIVALS_KEPT:]
+    confirmed = cycle.confirmed_period or (outcome.hit and predictor.period is not None)
+    cycle = replace(cycle, predictor=predictor, arrivals=arrivals, confirmed_period=confirmed)
+    target, fits = _next_target(state, jf, cycle, e.at_s)
+    if fits is not None:
+        period = predictor.period or 1
+        cycle = replace(cycle, fits=(cycle.fits + (fits,))[-max(2, period) :])
+    cycles = dict(state.cycles)
+    cycles[e.job_id] = cycle
+    state = replace(state, cycles=cycles)
+    if target is None or target == cycle.target:
+        return state, ()
+    return _rewire(state, jf, target, e.at_s)
+
+
+def _learn_plan(
+    cluster: Cluster, jf: JobFabric, cycle: JobCycle, plan_id: str, demand: PodDemand
+) -> JobCycle:
+    """Remember a new plan's demand, its own circuits in the slice and what they gain."""
+    demands = dict(cycle.demands)
+    demands[plan_id] = demand
+    circuits = dict(cycle.circuits)
+    gains = dict(cycle.gains)
+    if plan_id != EMPTY_PLAN_ID and jf.slice.mode == MODE_ISOLATED:
+        budget = dict(jf.slice.pod_ports)
+        matrix = _matrix(demand)
+        if all(p in budget for p in matrix.pod_ids):
+            own = plan_topology(cluster, matrix, budget)
+            held = evaluate_circuits(matrix, jf.plan.circuits, budget, cluster.nic_gbps)
+            circuits[plan_id] = own.circuits
+            gains[plan_id] = (
+                held.completion_s / own.completion_s - 1.0 if own.completion_s > 0 else 0.0
+            )
+    return replace(cycle, demands=demands, circuits=circuits, gains=gains)
+
+
+def _matrix(demand: PodDemand) -> DemandMatrix:
+    pods = sorted({p for p, _, _ in demand.pairs} | {q for _, q, _ in demand.pairs})
+    entries = [(p, q, b) for p, q, b in demand.pairs] + [(q, p, b) for p, q, b in demand.pairs]
+    return DemandMatrix.from_entries(pods, entries)
+
+
+def _next_target(
+    state: ControllerState, jf: JobFabric, cycle: JobCycle, now_s: float
+) -> tuple[str | None, bool | None]:
+    """Hold or rewire: what the job's circuits should be for next, and did a rewiring fit.
+
+    Per-phase circuits only for an isolated slice, once the predicted period came
+    true, while every recent rewiring fitted its compute gap, and for a plan whose
+    own circuits beat the held ones; otherwise the job holds its pp+dp topology.
+    """
+    if jf.slice.mode != MODE_ISOLATED:
+        return None, None
+    predictor = cycle.predictor
+    nxt = predictor.next_plan
+    if predictor.period is None or nxt is None or not cycle.confirmed_period:
+        return HELD_PLAN, None
+    wanted = nxt if cycle.gains.get(nxt, 0.0) > MIN_GAIN else None
+    if nxt == EMPTY_PLAN_ID or (wanted is None and cycle.target != HELD_PLAN):
+        # an idle phase needs no circuits; a plan the held topology serves as well
+        # keeps what is installed, unless that is another plan's topology
+        wanted = cycle.target if nxt == EMPTY_PLAN_ID else HELD_PLAN
+    if wanted is None:
+        wanted = HELD_PLAN
+    if wanted == cycle.target:
+        return wanted, None
+    gap = should_preinstall(
+        cycle.arrivals,
+        now_s,
+        state.config.reconfig_ms,
+        predictor.period,
+        guard_ms=state.config.guard_ms,
+    )
+    if not gap.fits:
+        return None, False  # keep what is installed: a rewiring now would be exposed
+    if not all(cycle.fits) and wanted != HELD_PLAN:
+        return HELD_PLAN, True  # a rewiring missed its gap lately: hold until they fit again
+    return wanted, True
+
+
+def _rewire(
+    state: ControllerState, jf: JobFabric, target: str, at_s: float
+) -> tuple[ControllerState, tuple[Decision, ...]]:
+    """Re-map the job's circuits inside its slice for `target`; routing follows."""
+    cluster = state.cluster
+    cycle = state.cycles[jf.job_id]
+    circuits = jf.plan.circuits if target == HELD_PLAN else cycle.circuits.get(target)
+    if circuits is None:
+        return state, ()
+    mine = tuple(cc for cc in state.desired if cc.job_id == jf.job_id)
+    others = tuple(cc for cc in state.desired if cc.job_id != jf.job_id)
+    occupied = {(cc.oxc_id, p) for cc in others for p in (cc.port_a, cc.port_b)}
+    mapping = map_cross_connects(cluster, {jf.job_id: circuits}, mine, occupied)
+    desired = tuple(sorted(others + mapping.cross_connects, key=lambda cc: cc.key))
+    changes = diff_cross_connects(mine, mapping.cross_connects)
+    if not changes:
+        cycles = dict(state.cycles)
+        installs = cycle.installs[:-1] + (replace(cycle.installs[-1], target=target),)
+        cycles[jf.job_id] = replace(cycle, installs=installs) if cycle.installs else cycle
+        return replace(state, cycles=cycles), ()
+    decisions = [Decision("oxc", jf.job_id, "prediction", oxc=c) for c in changes]
+    real = realised_circuits(cluster, mapping.cross_connects, jf.job_id)
+    fabric, routing = _with_circuits(state, jf, real)
+    decisions += [Decision("routing", jf.job_id, "prediction", routing=r) for r in routing]
+    state = replace(state, desired=desired, fabric=fabric)
+    return _record_installs(state, {jf.job_id: target}, at_s), tuple(decisions)
+
+
+def _with_circuits(
+    state: ControllerState, jf: JobFabric, real: PodCircuits
+) -> tuple[FabricPlan | None, tuple[RoutingDecision, ...]]:
+    """The fabric with the job's realised circuits and fresh routing; the headers that changed."""
+    cluster = state.cluster
+    traffic = job_traffic(
+        cluster,
+        _job_of(state, jf.job_id),
+        jf.placement,
+        jf.collective.algorithm,
+        dict(jf.collective.root_tors),
+    )
+    budget = dict(jf.slice.pod_ports) or {p: real.row_sum(p) for p in real.pod_ids}
+    routing = route_phases(cluster, jf.job_id, traffic, jf.collective, real, budget)
+    old = {r.phase: r for r in jf.routing}
+    changed = tuple(r for r in routing if old.get(r.phase) != r)
+    new_jf = replace(jf, circuits=real, routing=routing)
+    fabric = state.fabric
+    if fabric is not None:
+        fabric = replace(
+            fabric, jobs=tuple(new_jf if j.job_id == jf.job_id else j for j in fabric.jobs)
+        )
+    return fabric, changed
+
+
+def _job_of(state: ControllerState, job_id: str) -> Job:
+    return next(pj.job for pj in state.jobs if pj.job.job_id == job_id)
+
+
+# ------------------------------------------------------------------ turns
+
+
+def _tick(state: ControllerState, e: Tick) -> tuple[ControllerState, tuple[Decision, ...]]:
+    """Rotate the turn on shared ports when it has lasted `turn_s` and others wait."""
+    order = state.turn_order
+    if len(order) < 2 or e.at_s - state.turn_started_s < state.config.turn_s:
+        return state, ()
+    fabric = state.fabric
+    assert fabric is not None
+    rotated = order[1:] + order[:1]
+    head = fabric.job(rotated[0])
+    leaving = order[0]
+    if head is None:
+        return state, ()
+    others = tuple(cc for cc in state.desired if cc.job_id not in (leaving, head.job_id))
+    occupied = {(cc.oxc_id, p) for cc in others for p in (cc.port_a, cc.port_b)}
+    old = tuple(cc for cc in state.desired if cc.job_id in (leaving, head.job_id))
+    mapping = map_cross_connects(state.cluster, {head.job_id: head.plan.circuits}, old, occupied)
+    desired = tuple(sorted(others + mapping.cross_connects, key=lambda cc: cc.key))
+    decisions: list[Decision] = []
+    for change in diff_cross_connects(old, mapping.cross_connects):
+        decisions.append(Decision("oxc", None, "phase", oxc=change))
+    state = replace(
+        state,
+        fabric=replace(fabric, time_division=rotated),
+        desired=desired,
+        turn_started_s=e.at_s,
+    )
+    real = realised_circuits(state.cluster, mapping.cross_connects, head.job_id)
+    for jf_id, circuits in ((head.job_id, real), (leaving, PodCircuits((), ()))):
+        jf = state.job_fabric(jf_id)
+        if jf is None:
+            continue
+        new_fabric, routing = _with_circuits(state, jf, circuits)
+        state = replace(state, fabric=new_fabric)
+        decisions += [Decision("routing", jf_id, "phase", routing=r) for r in routing]
+    state = _record_installs(state, {head.job_id: HELD_PLAN, leaving: OFF_TURN}, e.at_s)
+    return state, tuple(decisions)
+
+
+# ------------------------------------------------------------------ views
+
+
+def network_view(state: ControllerState, job_id: str) -> NetworkView | None:
+    """How the job's cross-pod traffic is served now, with an estimated slowdown."""
+    jf = state.job_fabric(job_id)
+    if jf is None:
+        return None
+    cluster = state.cluster
+    if jf.slice.mode == MODE_NONE:
+        return NetworkView(NETWORK_NONE, (), 1.0, "no inter-pod traffic")
+    shared = jf.slice.mode == MODE_TIME_DIVISION
+    if shared:
+        pods = sorted(
+            {p for p, _, _ in jf.plan.circuits.pairs()}
+            | {q for _, q, _ in jf.plan.circuits.pairs()}
+        )
+        ports = tuple((p, jf.plan.circuits.row_sum(p)) for p in pods)
+    else:
+        ports = jf.slice.pod_ports
+    net_s = jf.plan.completion_s
+    demand = _job_demand(cluster, state, jf)
+    best_s = (
+        port_bound_s(demand, {p.id: p.uplink_ports for p in cluster.pods}, cluster.nic_gbps)
+        if demand.total_bytes
+        else 0.0
+    )
+    compute_s = _compute_s(_job_of(state, job_id))
+    sharers = len(state.turn_order) if shared else 1
+    turn_s = state.config.turn_s
+    overhead = 1.0 / max(1e-9, 1.0 - state.config.reconfig_ms / 1000.0 / turn_s) if shared else 1.0
+    alone = compute_s + best_s
+    now = compute_s + net_s * sharers * overhead
+    slowdown = round(now / alone, 4) if alone > 0 and math.isfinite(now) else None
+    mode = NETWORK_SHARED if shared else NETWORK_ISOLATED
+    reason = jf.slice.reason + (f"; takes turns with {sharers - 1} other job(s)" if shared else "")
+    return NetworkView(mode, tuple(ports), slowdown, reason)
+
+
+def _job_demand(cluster: Cluster, state: ControllerState, jf: JobFabric) -> DemandMatrix:
+    traffic = job_traffic(
+        cluster,
+        _job_of(state, jf.job_id),
+        jf.placement,
+        jf.collective.algorithm,
+        dict(jf.collective.root_tors),
+    )
+    phases = {t.phase: t.pod_demand for t in traffic}
+    return phases[PHASE_PP].plus(phases[PHASE_DP])
+
+
+def _compute_s(job: Job) -> float:
+    """Compute seconds per iteration from the job's facts (0 when unknown)."""
+    c = job.compute
+    m = job.model
+    if c is None or c.microbatch_forward_s is None or c.microbatch_backward_s is None:
+        return 0.0
+    micro = (m.microbatches if m is not None else None) or 1
+    stages = job.parallelism.pp
+    per = c.microbatch_forward_s + c.microbatch_backward_s
+    return (micro + stages - 1) * per + (c.optimizer_s or 0.0)
+
+
+__all__ = [
+    "HELD_PLAN",
+    "OFF_TURN",
+    "Accounting",
+    "ControllerConfig",
+    "ControllerState",
+    "Event",
+    "JobCompleted",
+    "JobCycle",
+    "JobPlaced",
+    "NetworkView",
+    "PhaseObserved",
+    "SwitchConfirmed",
+    "Tick",
+    "network_view",
+    "new_controller",
+    "step",
+]
