@@ -34,6 +34,12 @@ class Settings(BaseSettings):
     mock_fault_rate: float = Field(0.0, ge=0, le=1)
     mock_fault_seed: int = 0
     predictor: Literal["seed", "lightpath"] = "lightpath"
+    rewire_guard_ms: float = Field(
+        0.0, ge=0, description="margin a per-phase rewiring must leave before its phase"
+    )
+    turn_ms: float | None = Field(
+        None, gt=0, description="a turn on shared ports (default 40 x reconfiguration, >= 250 ms)"
+    )
     log_level: str = "INFO"
     max_body_bytes: int = Field(4 * 1024 * 1024, gt=0)
     admit_wait_s: float = Field(2.0, ge=0)

@@ -23,15 +23,15 @@ from app.api.read_cache import JobViewCache
 from app.bus import InProcessBus
 from app.bus.relay import OutboxRelay
 from app.engine.cluster import PRESETS, Cluster, cluster_from_dict, preset
+from app.engine.controller import ControllerConfig
 from app.settings import Settings
 from app.southbound import HttpDriver, InProcessDriver, SouthboundDriver
 from app.store import Store, create_db_engine
 from app.store.fabric_repository import FabricRepository
 from app.store.traffic_repository import TrafficRepository
 from app.worker import Worker
-from app.worker.fabric_pass import FabricPlanner
+from app.worker.fabric_driver import FabricDriver
 from app.worker.metrics import WorkerMetrics
-from app.worker.prediction_pass import PredictionHandler
 from app.worker.switch_controller import SwitchController
 
 
@@ -155,21 +155,22 @@ def attach_worker(
 ) -> None:
     """Add the worker and the switch controller to `runtime`."""
     repo = FabricRepository(store)
-    planner = FabricPlanner(repo, cluster)
-    controller = SwitchController(repo, driver, cluster, metrics)
-    predictions = PredictionHandler(
-        TrafficRepository(store), repo, planner, cluster, metrics, settings.predictor
+    config = ControllerConfig(
+        reconfig_ms=cluster.reconfig_ms,
+        predictor=settings.predictor,
+        guard_ms=settings.rewire_guard_ms,
+        turn_ms=settings.turn_ms,
     )
-    predictions.on_rewire.append(controller.kick)
+    fabric = FabricDriver(repo, TrafficRepository(store), cluster, config, metrics)
+    controller = SwitchController(repo, driver, cluster, metrics, on_confirmed=fabric.confirmed)
     worker = Worker(
         store,
         bus,
         cluster,
         settings,
-        planner=planner,
+        driver=fabric,
         metrics=metrics,
         on_fabric_change=controller.kick,
-        extra_handlers=[predictions],
     )
     controller.on_failed_ports = worker.request_replan
     runtime.worker = worker

@@ -111,6 +111,20 @@ class CollectiveOut(BaseModel):
     reason: str | None = None
 
 
+class NetworkOut(BaseModel):
+    """How a placed job's cross-pod traffic is served now."""
+
+    mode: Literal["isolated", "shared", "electrical", "none"] = Field(
+        description="own circuits, turns on ports shared with other jobs, the electrical "
+        "layer, or no cross-pod traffic"
+    )
+    pod_ports: dict[str, int] = Field(description="uplink ports per pod it holds or takes turns on")
+    estimated_slowdown: float | None = Field(
+        None, description="iteration time on this allocation over a non-blocking one (estimate)"
+    )
+    reason: str = ""
+
+
 class JobOut(BaseModel):
     """A job as Lightpath sees it now."""
 
@@ -125,6 +139,7 @@ class JobOut(BaseModel):
     queue_reason: str | None = Field(None, description="why a queued job waits")
     placement: PlacementOut | None = None
     collective: CollectiveOut | None = None
+    network: NetworkOut | None = None
 
 
 class JobListOut(BaseModel):
@@ -186,10 +201,17 @@ class PredictionOut(BaseModel):
     cycle_count: int
     queue: list[str]
     next_plan: str | None
-    installed_plan: str | None = None
-    hits: int
-    misses: int
-    exposed_reconfig_s: float | None = None
+    installed_plan: str | None = Field(
+        None, description="what the job's circuits are for now (a plan id or plan-held)"
+    )
+    hits: int = Field(
+        description="phases whose planned topology the switches confirmed before they began"
+    )
+    misses: int = Field(description="phases that were neither hits nor held")
+    held: int = Field(0, description="phases that ran on a topology the controller kept")
+    exposed_reconfig_s: float | None = Field(
+        None, description="seconds phases waited on circuits still being switched"
+    )
 
 
 class AdviceModelIn(_Strict):

@@ -47,6 +47,7 @@ from .cross_connects import (
     CrossConnect,
     diff_cross_connects,
     map_cross_connects,
+    port_pods,
     realised_circuits,
 )
 from .fabric import (
@@ -144,7 +145,15 @@ class Tick:
     at_s: float
 
 
-Event = JobPlaced | JobCompleted | PhaseObserved | SwitchConfirmed | Tick
+@dataclass(frozen=True, slots=True)
+class PortsChanged:
+    """Failed ports changed: `cluster` is the fabric without them (as of `at_s`)."""
+
+    cluster: Cluster
+    at_s: float
+
+
+Event = JobPlaced | JobCompleted | PhaseObserved | SwitchConfirmed | Tick | PortsChanged
 
 
 # ------------------------------------------------------------------ state
@@ -268,7 +277,28 @@ def step(state: ControllerState, event: Event) -> tuple[ControllerState, tuple[D
         return _observed(state, event)
     if isinstance(event, SwitchConfirmed):
         return _confirmed(state, event), ()
+    if isinstance(event, PortsChanged):
+        return _ports_changed(state, event)
     return _tick(state, event)
+
+
+def _ports_changed(
+    state: ControllerState, e: PortsChanged
+) -> tuple[ControllerState, tuple[Decision, ...]]:
+    """Jobs with a circuit on a failed port are planned afresh on the ports left."""
+    usable = set(port_pods(e.cluster))
+    lost = {
+        cc.job_id
+        for cc in state.desired
+        if (cc.oxc_id, cc.port_a) not in usable or (cc.oxc_id, cc.port_b) not in usable
+    }
+    fabric = state.fabric
+    if fabric is not None and lost:
+        fabric = replace(fabric, jobs=tuple(j for j in fabric.jobs if j.job_id not in lost))
+    before = state.desired
+    kept = tuple(cc for cc in state.desired if cc.job_id not in lost)
+    state = replace(state, cluster=e.cluster, fabric=fabric, desired=kept)
+    return _reallocate(state, state.jobs, "reconcile", e.at_s, grow=True, before_desired=before)
 
 
 # ------------------------------------------------------------------ allocation
@@ -322,7 +352,13 @@ def _is_port_bound(cluster: Cluster, jf: JobFabric) -> bool:
 
 
 def _reallocate(
-    state: ControllerState, jobs: tuple[PlacedJob, ...], reason: str, at_s: float, *, grow: bool
+    state: ControllerState,
+    jobs: tuple[PlacedJob, ...],
+    reason: str,
+    at_s: float,
+    *,
+    grow: bool,
+    before_desired: tuple[CrossConnect, ...] | None = None,
 ) -> tuple[ControllerState, tuple[Decision, ...]]:
     cluster = state.cluster
     previous = state.fabric
@@ -338,7 +374,9 @@ def _reallocate(
         cluster, jobs, state.desired, ledger, previous, tdm_active=active, keep_turns=not grow
     )
     before = state.fabric or FabricPlan((), state.desired, PodCircuits((), ()), 0.0, ledger, (), ())
-    before = replace(before, cross_connects=state.desired)
+    before = replace(
+        before, cross_connects=state.desired if before_desired is None else before_desired
+    )
     decisions = diff_plans(before, fabric, reason)
     state = replace(state, jobs=jobs, fabric=fabric, desired=fabric.cross_connects)
     if active is None or not fabric.time_division or fabric.time_division[0] != active:
@@ -702,6 +740,7 @@ __all__ = [
     "JobPlaced",
     "NetworkView",
     "PhaseObserved",
+    "PortsChanged",
     "SwitchConfirmed",
     "Tick",
     "network_view",

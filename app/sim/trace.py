@@ -22,6 +22,7 @@ from app.engine.controller import (
     ControllerConfig,
     ControllerState,
     Event,
+    JobCompleted,
     SwitchConfirmed,
     new_controller,
     step,
@@ -35,12 +36,15 @@ class TraceResult:
 
     decisions: list[tuple[float, Decision]] = field(default_factory=list)
     state: ControllerState | None = None
+    finished: dict[str, Accounting] = field(default_factory=dict)  # jobs that left
 
     def accounting(self, job_id: str) -> Accounting:
         """The job's hits, held, misses, exposed seconds and reconfigurations (or zeros)."""
         assert self.state is not None
         cycle = self.state.cycle(job_id)
-        return cycle.accounting if cycle is not None else Accounting()
+        if cycle is not None:
+            return cycle.accounting
+        return self.finished.get(job_id, Accounting())
 
 
 def replay_trace(
@@ -60,6 +64,8 @@ def replay_trace(
     out = TraceResult()
     while queue:
         at, _, _, event = heapq.heappop(queue)
+        if isinstance(event, JobCompleted) and (cycle := state.cycle(event.job_id)):
+            out.finished[event.job_id] = cycle.accounting
         state, decisions = step(state, event)
         out.decisions.extend((at, d) for d in decisions)
         if any(d.kind == "oxc" for d in decisions):

@@ -14,12 +14,12 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from app.bus.messages import AdmitJob, CompleteJob, Delivery, JobsChanged, Message
+from app.bus.messages import AdmitJob, CompleteJob, Delivery, JobsChanged, Message, ReportTraffic
 from app.engine.cluster import Cluster
 from app.settings import Settings
 from app.store import Store
 
-from .fabric_pass import FabricPlanner
+from .fabric_driver import FabricDriver
 from .metrics import WorkerMetrics
 from .scheduler import schedule
 
@@ -33,7 +33,11 @@ class CommandBus(Protocol):
 
 
 class Worker:
-    """Runs the engine on every wake-up; only the lease holder drives the cluster."""
+    """Runs the engine on every wake-up; only the lease holder drives the cluster.
+
+    A handler table maps each message type to the handlers it calls; a tick (no
+    message) runs them all. Handlers read current state, never the message.
+    """
 
     def __init__(
         self,
@@ -42,21 +46,24 @@ class Worker:
         cluster: Cluster,
         settings: Settings,
         *,
-        planner: FabricPlanner,
+        driver: FabricDriver,
         metrics: WorkerMetrics,
         on_fabric_change: Callable[[], None] = lambda: None,
-        extra_handlers: Sequence[Callable[[list[Message]], set[str]]] = (),
     ) -> None:
         self.store = store
         self.bus = bus
         self.cluster = cluster
         self.settings = settings
-        self.planner = planner
+        self.driver = driver
         self.metrics = metrics
         self.on_fabric_change = on_fabric_change
-        self.extra_handlers = list(extra_handlers)
         self.passes = 0
         self.replan = threading.Event()
+        self.handlers: dict[type, tuple[Callable[[str, set[str]], None], ...]] = {
+            AdmitJob: (self.admit, self.sync_fabric),
+            CompleteJob: (self.admit, self.sync_fabric),
+            ReportTraffic: (self.sync_fabric, self.consume_traffic),
+        }
 
     def handle(self, messages: list[Message]) -> None:
         """One pass over the current state, whatever woke us."""
@@ -65,6 +72,21 @@ class Worker:
             reason = "completion"
         elif any(isinstance(m, AdmitJob) for m in messages):
             reason = "arrival"
+        todo: list[Callable[[str, set[str]], None]] = []
+        kinds = {type(m) for m in messages} or set(self.handlers)
+        for kind in (AdmitJob, CompleteJob, ReportTraffic):  # a fixed order: admit first
+            if kind in kinds:
+                todo += [h for h in self.handlers[kind] if h not in todo]
+        changed: set[str] = set()
+        changed.update(m.job_id for m in messages if isinstance(m, AdmitJob | CompleteJob))
+        for handler in todo:
+            handler(reason, changed)
+        self.passes += 1
+        if changed:
+            self.bus.announce(JobsChanged(tuple(sorted(changed))))
+
+    def admit(self, reason: str, changed: set[str]) -> None:
+        """Serve the queue; launchers waiting for placement hear of it before the fabric."""
         start = time.perf_counter()
         result = schedule(
             self.store,
@@ -76,39 +98,38 @@ class Worker:
         self.metrics.placement_seconds.observe(time.perf_counter() - start)
         self.metrics.jobs_placed.inc(len(result.placed))
         self.metrics.decisions.labels("placement").inc(len(result.decision_seqs))
-        changed = set(result.placed) | set(result.examined)
-        changed.update(m.job_id for m in messages if isinstance(m, AdmitJob | CompleteJob))
-        if changed:  # launchers waiting for placement need not wait for the fabric
-            self.bus.announce(JobsChanged(tuple(sorted(changed))))
-        changed = set()
+        placed = set(result.placed) | set(result.examined) | changed
+        if placed:
+            self.bus.announce(JobsChanged(tuple(sorted(placed))))
+        changed.clear()
+
+    def sync_fabric(self, reason: str, changed: set[str]) -> None:
+        """Placements, completions, failed ports, confirmations and turns into the controller."""
         start = time.perf_counter()
         forced = self.replan.is_set()
         self.replan.clear()
-        fabric = self.planner.run(reason, force=forced)
+        fabric = self.driver.sync(reason, force=forced)
         if fabric.planned:
             self.metrics.fabric_seconds.observe(time.perf_counter() - start)
             self.metrics.decisions.labels("fabric").inc(len(fabric.decision_seqs))
-            if self.planner.previous is not None:
-                self.metrics.mlu.set(self.planner.previous.mlu)
+            state = self.driver.state
+            if state is not None and state.fabric is not None:
+                self.metrics.mlu.set(state.fabric.mlu)
             changed.update(fabric.changed_jobs)
             if fabric.decision_seqs:
                 self.on_fabric_change()
-        for handler in self.extra_handlers:
-            changed.update(handler(messages))
-        self.passes += 1
-        if changed:
-            self.bus.announce(JobsChanged(tuple(sorted(changed))))
+
+    def consume_traffic(self, reason: str, changed: set[str]) -> None:
+        """Traffic reports after the cursor into the controller (phases, predictions)."""
+        if self.driver.consume():
+            self.on_fabric_change()
 
     def request_replan(self) -> None:
         self.replan.set()
 
     def take_over(self) -> None:
-        """Forget in-memory plans: a new leader starts from the durable state."""
-        self.planner.reset()
-        for handler in self.extra_handlers:
-            reset = getattr(handler, "reset", None)
-            if reset is not None:
-                reset()
+        """Forget the worker memory: a new leader starts from the durable state."""
+        self.driver.reset()
         self.replan.set()
 
     def run(self, stop: threading.Event, is_leader: Callable[[], bool] = lambda: True) -> None:

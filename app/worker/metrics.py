@@ -48,15 +48,22 @@ class WorkerMetrics:
             registry=r,
         )
         self.prediction_hits = Counter(
-            "lightpath_prediction_hits", "Phases whose plan was installed beforehand", registry=r
+            "lightpath_prediction_hits",
+            "Phases whose planned topology the switches confirmed before the phase began",
+            registry=r,
         )
         self.prediction_misses = Counter(
             "lightpath_prediction_misses",
-            "Phases whose plan was not installed beforehand",
+            "Phases that waited on circuits or ran on a topology not planned for them",
+            registry=r,
+        )
+        self.prediction_held = Counter(
+            "lightpath_prediction_held",
+            "Phases that ran on a topology the controller chose to keep",
             registry=r,
         )
         self.exposed_reconfig = Counter(
             "lightpath_exposed_reconfig_seconds",
-            "Reconfiguration time not hidden behind compute",
+            "Time phases waited on circuits still being switched",
             registry=r,
         )

@@ -69,17 +69,44 @@ def test_cross_pod_job_gets_circuits_collective_and_routing(server: LiveServer) 
         assert teardown and all(d["oxc"]["disconnect"] for d in teardown)
 
 
-def test_an_unchanged_job_keeps_its_cross_connects(server: LiveServer) -> None:
+def _circuits(topology: dict, job_id: str) -> int:
+    return len(_cross_connects(topology, job_id))
+
+
+def test_jobs_short_of_ports_are_all_served_and_a_completion_grows_the_survivor(
+    server: LiveServer,
+) -> None:
     with server.client() as c:
         c.post("/v1/jobs", json={"job_id": "first", "parallelism": {"dp": 6, "pp": 2}})
-        before = eventually(lambda: _cross_connects(c.get("/v1/topology").json(), "first"))
+        eventually(lambda: _cross_connects(c.get("/v1/topology").json(), "first"))
         c.post("/v1/jobs", json={"job_id": "second", "parallelism": {"dp": 6, "pp": 2}})
-        eventually(lambda: c.get("/v1/jobs/second").json()["collective"])
+        second = eventually(lambda: c.get("/v1/jobs/second").json()["network"])
+        first = c.get("/v1/jobs/first").json()["network"]
+        for view in (first, second):
+            assert view["mode"] in ("isolated", "shared") and view["pod_ports"]
+        # the second job's cross-connects appear while it runs (on its turn if shared)
+        eventually(lambda: _cross_connects(c.get("/v1/topology").json(), "second"))
+        before = _circuits(c.get("/v1/topology").json(), "second")
+        c.post("/v1/jobs/first/complete")
+        eventually(lambda: not _cross_connects(c.get("/v1/topology").json(), "first"))
+        grown = eventually(
+            lambda: (n := _circuits(c.get("/v1/topology").json(), "second")) > before and n,
+        )
+        assert grown > before
+        assert c.get("/v1/jobs/second").json()["network"]["mode"] == "isolated"
+
+
+def test_a_single_pod_arrival_writes_no_oxc_decision_for_another_job(server: LiveServer) -> None:
+    with server.client() as c:
+        c.post("/v1/jobs", json={"job_id": "wide", "parallelism": {"dp": 6, "pp": 2}})
+        eventually(lambda: _cross_connects(c.get("/v1/topology").json(), "wide"))
         eventually(lambda: "desired" not in c.get("/v1/topology").json())
-        assert _cross_connects(c.get("/v1/topology").json(), "first") == before
-        c.post("/v1/jobs/second/complete")
-        eventually(lambda: not _cross_connects(c.get("/v1/topology").json(), "second"))
-        assert _cross_connects(c.get("/v1/topology").json(), "first") == before
+        last = c.get("/v1/decisions", params={"limit": 1000}).json()["decisions"][-1]["seq"]
+        c.post("/v1/jobs", json={"job_id": "solo", "parallelism": {"dp": 1, "pp": 1}})
+        eventually(lambda: c.get("/v1/jobs/solo").json()["network"])
+        assert c.get("/v1/jobs/solo").json()["network"]["mode"] == "none"
+        after = c.get("/v1/decisions", params={"after": last, "limit": 1000}).json()
+        assert not [d for d in after["decisions"] if d["kind"] == "oxc"]
 
 
 def test_a_failed_port_moves_the_circuit(server: LiveServer) -> None:

@@ -45,8 +45,16 @@ def render_job(record: JobRecord) -> dict[str, Any]:
         "deadline": body.get("deadline"),
         "queue_reason": record.queue_reason if record.state == "queued" else None,
         "placement": record.placement,
-        "collective": record.collective,
+        "collective": _public_collective(record.collective),
+        "network": (record.collective or {}).get("network") if record.state == "placed" else None,
     }
+
+
+def _public_collective(stored: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The stored collective without the worker's bookkeeping (grants, network view)."""
+    if stored is None:
+        return None
+    return {k: v for k, v in stored.items() if k not in ("aggregator_grants", "network", "fabric")}
 
 
 def body_hash(body: dict[str, Any]) -> str:

@@ -101,7 +101,13 @@ async def report_traffic(
 async def get_prediction(
     job_id: JobIdPath, services: ServicesDep, _scope: Annotated[Any, require()]
 ) -> JSONResponse:
-    """Period, queue of plans, the next plan to install, hits and misses so far."""
+    """Period, queue of plans, the next plan, and its phases as the switches served them.
+
+    A phase is a hit when the switches had confirmed the topology planned for it
+    before it started, held when it ran on a topology the controller chose to
+    keep, a miss otherwise; `exposed_reconfig_s` is time phases waited on circuits
+    still being switched.
+    """
     record = await run_in_threadpool(services.store.get_job, job_id)
     if record is None:
         raise Problem(404, "Not found", f"no job {job_id}", kind="unknown-job")
@@ -119,6 +125,7 @@ async def get_prediction(
             "installed_plan": state.get("installed_plan"),
             "hits": row.hits if row else 0,
             "misses": row.misses if row else 0,
+            "held": int(state.get("held", 0)),
             "exposed_reconfig_s": exposed if math.isfinite(exposed) else None,
         }
     )

@@ -1,0 +1,340 @@
+"""The worker's fabric handlers: events from the database and switches into the controller.
+
+Every fabric decision is `app.engine.controller`'s; this module only turns what
+the database and the southbound say into controller events, and writes the
+decisions, desired cross-connects, job `collective`/`network` views and
+prediction summaries back, each batch in one transaction:
+
+- placed jobs that appeared or left since the last pass -> `JobPlaced` /
+  `JobCompleted`; a change of failed ports -> `PortsChanged`;
+- traffic reports after the cursor -> `PhaseObserved` (attributed by the
+  report's `job_id`, else by our own placement);
+- what the switch controller confirmed, with when -> `SwitchConfirmed`;
+- the clock -> `Tick` (turns on shared ports rotate).
+
+The worker memory (`WorkerMemory`) holds the controller state, the placed jobs
+it knows and the traffic cursor. A new leader starts from the durable state: the
+jobs placed now, the desired cross-connects stored (kept where they still serve
+their jobs), and the stored accounting; predictor states are learnt afresh (a
+few periods), so a takeover never replays the traffic history.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from app.engine.cluster import Cluster, without_failed_ports
+from app.engine.collective import CollectiveChoice
+from app.engine.controller import (
+    Accounting,
+    ControllerConfig,
+    ControllerState,
+    Event,
+    JobCompleted,
+    JobPlaced,
+    PhaseObserved,
+    PortsChanged,
+    SwitchConfirmed,
+    Tick,
+    network_view,
+    new_controller,
+    step,
+)
+from app.engine.fabric import Decision
+from app.engine.plan_signature import Demand, aggregate_pod_demand, attribute_demands
+from app.store import NewDecision
+from app.store.fabric_repository import FabricRepository, PlacedJobRow
+from app.store.traffic_repository import PredictionRow, ReportRow, TrafficRepository
+
+from .metrics import WorkerMetrics
+
+log = logging.getLogger("lightpath.worker")
+
+BATCH = 2000
+MAX_BATCHES_PER_PASS = 25
+
+
+def collective_json(choice: CollectiveChoice, network: dict[str, Any] | None) -> dict[str, Any]:
+    """The job's stored `collective`, with its aggregator grants and `network` view."""
+    out = choice.to_dict()
+    out["aggregator_grants"] = [{"tor": g.tor_id, "gbps": g.gbps} for g in choice.grants]
+    out["network"] = network
+    return out
+
+
+def decision_payload(d: Decision) -> NewDecision:
+    payload: dict[str, Any] = {}
+    if d.oxc is not None:
+        payload["oxc"] = d.oxc.to_dict()
+    if d.routing is not None:
+        payload["routing"] = d.routing.to_dict()
+    return NewDecision(d.kind, d.job_id, d.reason, payload)
+
+
+@dataclass(frozen=True, slots=True)
+class FabricPassResult:
+    planned: bool
+    decision_seqs: tuple[int, ...]
+    changed_jobs: tuple[str, ...]
+
+
+@dataclass
+class WorkerMemory:
+    """What the leader keeps between passes: controller state, known jobs, cursor."""
+
+    state: ControllerState
+    placed: dict[str, tuple[str, ...]] = field(default_factory=dict)  # job -> servers
+    failed: dict[str, frozenset[int]] = field(default_factory=dict)
+    cursor: int | None = None
+    base: dict[str, Accounting] = field(default_factory=dict)  # stored counts at takeover
+    views: dict[str, Any] = field(default_factory=dict)  # last written collective per job
+
+
+class FabricDriver:
+    """Drives the fabric controller from the database and the switches (leader only)."""
+
+    def __init__(
+        self,
+        fabric: FabricRepository,
+        traffic: TrafficRepository,
+        cluster: Cluster,
+        config: ControllerConfig,
+        metrics: WorkerMetrics,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.fabric = fabric
+        self.traffic = traffic
+        self.cluster = cluster
+        self.config = config
+        self.metrics = metrics
+        self.clock = clock
+        self.confirmations: queue.SimpleQueue[SwitchConfirmed] = queue.SimpleQueue()
+        self.memory: WorkerMemory | None = None
+
+    # --- memory ---------------------------------------------------------------
+
+    def reset(self) -> None:
+        """Forget the memory; the next pass starts from the durable state."""
+        self.memory = None
+
+    def confirmed(self, held: Iterable[tuple[str, int, int]], at_s: float | None = None) -> None:
+        """Called by the switch controller (any thread) with what the switches hold."""
+        at = self.clock() if at_s is None else at_s
+        self.confirmations.put(SwitchConfirmed(frozenset(held), at))
+
+    @property
+    def state(self) -> ControllerState | None:
+        return self.memory.state if self.memory is not None else None
+
+    def _load(self) -> WorkerMemory:
+        state = new_controller(self.cluster, self.config)
+        stored = self.fabric.load_desired()
+        # the stored desired state plays the last plan: kept where it still serves
+        state = replace(state, desired=stored)
+        memory = WorkerMemory(state)
+        memory.cursor = self.traffic.cursor()
+        return memory
+
+    # --- one pass ----------------------------------------------------------------
+
+    def sync(self, reason: str, *, force: bool = False) -> FabricPassResult:
+        """Placements, failed ports, confirmations and the clock into the controller."""
+        if self.memory is None:
+            self.memory = self._load()
+            force = True
+        memory = self.memory
+        now = self.clock()
+        events: list[Event] = self._drain()
+        rows = self.fabric.load_placed_jobs()
+        failed = self.fabric.load_failed_ports()
+        if failed != memory.failed:
+            memory.failed = failed
+            events.append(PortsChanged(without_failed_ports(self.cluster, failed), now))
+        current = {r.job.job_id: r for r in rows}
+        for gone in [j for j in memory.placed if j not in current]:
+            events.append(JobCompleted(gone, now))
+            del memory.placed[gone]
+            memory.views.pop(gone, None)
+        fresh = [r for r in rows if r.job.job_id not in memory.placed]
+        for row in fresh:
+            events.append(JobPlaced(row.job, row.placement, now))
+            memory.placed[row.job.job_id] = row.placement.servers
+        if fresh:
+            self._take_stored_counts(memory, [r.job.job_id for r in fresh])
+        events.append(Tick(now))
+        decisions = self._apply(events)
+        changed_views = self._views(current)
+        if not decisions and not changed_views and not force:
+            return FabricPassResult(False, (), ())
+        state = memory.state
+        facts = {
+            "mlu": state.fabric.mlu if state.fabric else 0.0,
+            "pod_circuits": state.fabric.pod_circuits.to_dict() if state.fabric else {},
+            "time_division": list(state.turn_order),
+            "unmapped": [list(u) for u in state.fabric.unmapped] if state.fabric else [],
+        }
+        seqs = self.fabric.record_fabric(
+            state.desired, changed_views, [decision_payload(d) for d in decisions], facts
+        )
+        if decisions:
+            log.info(
+                "fabric decided",
+                extra={
+                    "reason": reason,
+                    "decisions": len(decisions),
+                    "first_seq": seqs[0] if seqs else None,
+                    "cross_connects": len(state.desired),
+                },
+            )
+        return FabricPassResult(True, tuple(seqs), tuple(sorted(changed_views)))
+
+    def _drain(self) -> list[Event]:
+        out: list[Event] = []
+        while True:
+            try:
+                out.append(self.confirmations.get_nowait())
+            except queue.Empty:
+                return out
+
+    def _apply(self, events: Iterable[Event]) -> list[Decision]:
+        assert self.memory is not None
+        state = self.memory.state
+        before = {j: c.accounting for j, c in state.cycles.items()}
+        decisions: list[Decision] = []
+        for event in events:
+            state, made = step(state, event)
+            decisions.extend(made)
+        self.memory.state = state
+        for job_id, cycle in state.cycles.items():  # what the events scored, per job
+            self._count(before.get(job_id, Accounting()), cycle.accounting)
+        return decisions
+
+    def _count(self, before: Accounting, after: Accounting) -> None:
+        if after == before:
+            return
+        self.metrics.prediction_hits.inc(after.hits - before.hits)
+        self.metrics.prediction_misses.inc(after.misses - before.misses)
+        self.metrics.prediction_held.inc(after.held - before.held)
+        self.metrics.exposed_reconfig.inc(after.exposed_s - before.exposed_s)
+
+    def _views(self, rows: dict[str, PlacedJobRow]) -> dict[str, dict[str, Any]]:
+        """Stored `collective` (with `network`) of jobs whose view changed."""
+        assert self.memory is not None
+        state = self.memory.state
+        out: dict[str, dict[str, Any]] = {}
+        if state.fabric is None:
+            return out
+        for jf in state.fabric.jobs:
+            view = network_view(state, jf.job_id)
+            body = collective_json(jf.collective, view.to_dict() if view else None)
+            row = rows.get(jf.job_id)
+            if self.memory.views.get(jf.job_id) != body or (row and row.collective is None):
+                out[jf.job_id] = body
+                self.memory.views[jf.job_id] = body
+        return out
+
+    def _take_stored_counts(self, memory: WorkerMemory, job_ids: list[str]) -> None:
+        for job_id in job_ids:
+            row = self.traffic.prediction(job_id)
+            if row is not None:
+                memory.base[job_id] = Accounting(
+                    row.hits,
+                    int(row.state.get("held", 0)),
+                    row.misses,
+                    row.exposed_reconfig_s,
+                    int(row.state.get("reconfigurations", 0)),
+                )
+
+    # --- traffic -----------------------------------------------------------------
+
+    def consume(self) -> bool:
+        """Feed reports after the cursor to the controller; False when none were left."""
+        if self.memory is None:
+            self.sync("reconcile")
+        assert self.memory is not None
+        did = False
+        for _ in range(MAX_BATCHES_PER_PASS):
+            if not self._consume_batch():
+                break
+            did = True
+        return did
+
+    def _consume_batch(self) -> bool:
+        memory = self.memory
+        assert memory is not None and memory.cursor is not None
+        reports = self.traffic.reports_after(memory.cursor, BATCH)
+        if not reports:
+            return False
+        by_server = {s: j for j, servers in memory.placed.items() for s in servers}
+        events: list[Event] = self._drain()
+        attributed: dict[int, tuple[str, ...]] = {}
+        touched: set[str] = set()
+        now = self.clock()
+        for report in reports:
+            groups = _groups(report, by_server)
+            attributed[report.seq] = tuple(sorted(groups))
+            for job_id, demands in groups.items():
+                demand = aggregate_pod_demand(self.cluster, demands)
+                events.append(PhaseObserved(job_id, demand, report.phase_started_at, now))
+                touched.add(job_id)
+        decisions = self._apply(events)
+        cursor = reports[-1].seq
+        state = memory.state
+        touched |= {d.job_id for d in decisions if d.job_id}
+        self.traffic.commit_predictions(
+            cursor,
+            [self.summary(j) for j in sorted(touched) if state.cycle(j) is not None],
+            [decision_payload(d) for d in decisions],
+            desired=state.desired if decisions else None,
+            attributed=attributed,
+        )
+        memory.cursor = cursor
+        self.metrics.traffic_reports.inc(len(reports))
+        return True
+
+    def summary(self, job_id: str) -> PredictionRow:
+        """The job's prediction row: predictor state and measured accounting."""
+        assert self.memory is not None
+        cycle = self.memory.state.cycle(job_id)
+        assert cycle is not None
+        p = cycle.predictor
+        acc = _plus(self.memory.base.get(job_id, Accounting()), cycle.accounting)
+        return PredictionRow(
+            job_id,
+            p.algorithm,
+            {
+                "period": p.period,
+                "cycle_count": p.cycle_count,
+                "queue": list(p.queue),
+                "next_plan": p.next_plan,
+                "installed_plan": cycle.target,
+                "held": acc.held,
+                "reconfigurations": acc.reconfigurations,
+            },
+            acc.hits,
+            acc.misses,
+            acc.exposed_s,
+        )
+
+
+def _plus(a: Accounting, b: Accounting) -> Accounting:
+    return Accounting(
+        a.hits + b.hits,
+        a.held + b.held,
+        a.misses + b.misses,
+        a.exposed_s + b.exposed_s,
+        a.reconfigurations + b.reconfigurations,
+    )
+
+
+def _groups(report: ReportRow, by_server: dict[str, str]) -> dict[str, tuple[Demand, ...]]:
+    demands = [Demand(str(src), str(dst), float(size)) for src, dst, size in report.demands]
+    if report.job_id is not None:
+        placed = set(by_server.values())
+        return {report.job_id: tuple(demands)} if report.job_id in placed else {}
+    return attribute_demands(by_server, demands)
