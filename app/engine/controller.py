@@ -454,10 +454,9 @@ def _score(cycle: JobCycle, plan_id: str, started_at_s: float) -> JobCycle:
         if i.requested_at_s <= started_at_s:
             install = i
             break
-    if install is None and cycle.installs:
-        install = cycle.installs[0]  # before the first recorded change: placement's topology
     if install is None:
-        return replace(cycle, accounting=cycle.accounting.plus("miss"))
+        # before the job's first change was asked for: what placement left it, kept
+        return replace(cycle, accounting=cycle.accounting.plus("held"))
     if install.confirmed_at_s is None:
         waiting = cycle.waiting + (WaitingPhase(plan_id, started_at_s),)
         return replace(cycle, waiting=waiting)

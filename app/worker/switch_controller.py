@@ -43,6 +43,7 @@ class SwitchController:
         self.resync_s = resync_s
         self.on_failed_ports = on_failed_ports
         self.on_confirmed = on_confirmed
+        self._held: dict[str, frozenset[tuple[str, int, int]]] = {}
         self.policy = RetryPolicy()
         self._kick = threading.Event()
         self._lock = threading.Lock()
@@ -65,12 +66,11 @@ class SwitchController:
             self.passes += 1
             self.last = result
         if self.on_confirmed is not None:
-            # what every OXC holds now, timed by the caller's clock (hits are scored on it)
-            self.on_confirmed(
-                frozenset(
-                    (o, a, b) for o, c in result.confirmed.items() for a, b in c.cross_connects
-                )
-            )
+            # what every OXC holds now (the last read of each), timed by the caller's
+            # clock: hits are scored on it
+            for o, c in result.confirmed.items():
+                self._held[o] = frozenset((o, a, b) for a, b in c.cross_connects)
+            self.on_confirmed(frozenset().union(*self._held.values()))
         self.metrics.reconfigurations.inc(len(result.applied))
         for err in result.errors:
             self.metrics.reconcile_errors.labels(err.code).inc()

@@ -56,14 +56,33 @@ def test_a_two_stage_job_learns_period_two(server: LiveServer) -> None:
         assert r.json()["last_seq"] == 40
         for _ in range(100):
             p = c.get("/v1/predictions/llm").json()
-            if p["hits"] + p["misses"] == 40:
+            if p["hits"] + p["held"] + p["misses"] == 40:
                 break
             time.sleep(0.1)
-        assert p["hits"] + p["misses"] == 40
+        # phases from before the job's circuits were asked for ran on what it held
+        assert p["hits"] + p["held"] + p["misses"] == 40
         assert p["period"] == 2
         assert len(p["queue"]) == 2 and p["queue"][0] != p["queue"][1]
         assert p["misses"] <= 5
         assert p["next_plan"] in p["queue"]
+
+
+def test_hits_are_what_the_switches_delivered(server: LiveServer) -> None:
+    rng = random.Random(11)
+    with server.client() as c:
+        job = _job(c, "fast", dp=8, pp=2)
+        # phases 10 ms apart at 25 ms reconfiguration: no switch could deliver them
+        burst = _phase_reports(job, rng, time.time(), 30, label_every=1)
+        for k, r in enumerate(burst):
+            r["phase_started_at"] = burst[0]["phase_started_at"] + 0.010 * k
+        assert c.post("/v1/traffic", json={"reports": burst}).status_code == 202
+        for _ in range(100):
+            p = c.get("/v1/predictions/fast").json()
+            if p["hits"] + p["held"] + p["misses"] > 0:
+                break
+            time.sleep(0.1)
+        assert 0 < p["hits"] + p["held"] + p["misses"] <= 30
+        assert p["hits"] == 0
 
 
 def test_unknown_job_prediction_is_404(server: LiveServer) -> None:

@@ -1,0 +1,160 @@
+"""Fabric controller benchmark: decision time per event at seed-15k with 300 running jobs.
+
+Fills `seed-15k` with 300 jobs of a trace-like size mix (placed by the engine's
+`place_job`), feeds them through `engine.controller.step`, then times every kind
+of event the worker and the simulator feed it while the cluster stays full:
+phase reports of random jobs (with per-phase rewiring once periods are known),
+switch confirmations, clock ticks (turns on shared ports), and one arrival plus
+one completion at a time (the cluster stays at ~300 jobs). Fixed seed.
+
+Prints p50/p99 per event kind and exits non-zero when any p99 exceeds 10 ms.
+Run: .venv/bin/python bench/bench_controller.py [--events N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import sys
+import time
+from collections import defaultdict
+
+from app.engine.cluster import preset
+from app.engine.controller import (
+    ControllerConfig,
+    JobCompleted,
+    JobPlaced,
+    PhaseObserved,
+    SwitchConfirmed,
+    Tick,
+    new_controller,
+    step,
+)
+from app.engine.job import Job, ModelFacts, Parallelism, Placement
+from app.engine.placement import place_job
+from app.engine.plan_signature import Demand, aggregate_pod_demand
+from app.engine.traffic import PHASE_DP, PHASE_PP, job_traffic
+
+SEED = 20261123
+P99_BOUND_MS = 10.0
+RUNNING = 300
+
+
+def _job(rng: random.Random, k: int) -> Job:
+    # trace-like: many small jobs, a tail of wide ones (servers = dp * pp * ep)
+    dp = rng.choices([1, 2, 4, 8, 16], weights=[35, 30, 20, 10, 5])[0]
+    pp = rng.choices([1, 2, 4], weights=[60, 30, 10])[0]
+    return Job(
+        f"job-{k}",
+        Parallelism(dp=dp, pp=pp, ep=1),
+        ModelFacts(rng.choice([7e9, 13e9, 70e9]), 2.0, 3e7, 8),
+    )
+
+
+def _phases(cluster, job: Job, placement: Placement) -> list:
+    """The job's pp and dp phases as server demands (what telemetry would report)."""
+    out = []
+    for t in job_traffic(cluster, job, placement, "ring"):
+        if t.phase in (PHASE_PP, PHASE_DP):
+            demands = [Demand(f.src, f.dst, f.size_bytes) for f in t.flows]
+            out.append(aggregate_pod_demand(cluster, demands))
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--events", type=int, default=3000)
+    args = parser.parse_args()
+    rng = random.Random(SEED)
+    cluster = preset("seed-15k")
+    state = new_controller(cluster, ControllerConfig(reconfig_ms=cluster.reconfig_ms))
+    free = set(cluster.server_ids)
+    placed: dict[str, tuple[Job, Placement]] = {}
+    k = 0
+    now = 0.0
+    times: dict[str, list[float]] = defaultdict(list)
+
+    def feed(kind: str, event) -> None:
+        nonlocal state
+        start = time.perf_counter()
+        state, decisions = step(state, event)
+        times[kind].append((time.perf_counter() - start) * 1000)
+        if any(d.kind == "oxc" for d in decisions):
+            held = frozenset(cc.key for cc in state.desired)
+            start = time.perf_counter()
+            state, _ = step(state, SwitchConfirmed(held, event.at_s + 0.025))
+            times["confirm"].append((time.perf_counter() - start) * 1000)
+
+    def arrive() -> bool:
+        nonlocal k
+        while True:
+            job = _job(rng, k)
+            k += 1
+            p = place_job(cluster, free, job)
+            if isinstance(p, Placement):
+                free.difference_update(p.servers)
+                placed[job.job_id] = (job, p)
+                feed("arrival", JobPlaced(job, p, now))
+                return True
+            if k > 100_000:
+                return False
+
+    print(f"filling seed-15k with {RUNNING} jobs ...", file=sys.stderr)
+    while len(placed) < RUNNING and arrive():
+        now += 0.01
+    fill_ms = list(times.pop("arrival"))
+    times.pop("confirm", None)
+    phases = {j: _phases(cluster, job, p) for j, (job, p) in placed.items()}
+    counters: dict[str, int] = defaultdict(int)
+    print(
+        f"{len(placed)} jobs running, {len(free)} servers free; timing events ...", file=sys.stderr
+    )
+    for i in range(args.events):
+        now += 0.02
+        r = rng.random()
+        if r < 0.01 and placed:
+            gone = rng.choice(sorted(placed))
+            _, p = placed.pop(gone)
+            free.update(p.servers)
+            phases.pop(gone, None)
+            feed("completion", JobCompleted(gone, now))
+            if arrive():
+                job_id = f"job-{k - 1}"
+                job, p = placed[job_id]
+                phases[job_id] = _phases(cluster, job, p)
+        elif r < 0.05:
+            feed("tick", Tick(now))
+        else:
+            job_id = rng.choice(sorted(phases))
+            seq = phases[job_id]
+            if not seq:
+                continue
+            n = counters[job_id]
+            counters[job_id] += 1
+            demand = seq[n % len(seq)]
+            feed("phase", PhaseObserved(job_id, demand, now, now + 0.001))
+        if i and i % 1000 == 0:
+            print(f"  {i}/{args.events} events", file=sys.stderr)
+    worst = 0.0
+    print(f"{'event':<12}{'n':>7}{'p50 ms':>10}{'p99 ms':>10}")
+    rows = {"arrival (fill)": fill_ms, **times}
+    for kind, values in rows.items():
+        if not values:
+            continue
+        values = sorted(values)
+        p50 = statistics.median(values)
+        p99 = values[min(len(values) - 1, int(0.99 * len(values)))]
+        if kind != "arrival (fill)":
+            worst = max(worst, p99)
+        print(f"{kind:<12}{len(values):>7}{p50:>10.2f}{p99:>10.2f}")
+    ok = worst <= P99_BOUND_MS
+    print(
+        f"worst p99 at {len(placed)} running jobs: {worst:.2f} ms (bound {P99_BOUND_MS} ms): "
+        + ("ok" if ok else "MISSED")
+    )
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
