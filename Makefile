@@ -18,6 +18,7 @@ run: setup
 
 test: setup
 	$(BIN)/ruff check .
+	$(BIN)/mypy app
 	$(BIN)/python -m pytest
 
 lint: setup

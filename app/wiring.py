@@ -135,6 +135,7 @@ def build_runtime(settings: Settings, cluster: Cluster, *, with_worker: bool = T
     relay = OutboxRelay(store, bus.publish)
     services.extras["kick_relay"] = relay.kick
     runtime = Runtime(services, relay)
+    runtime.closers.append(services.extras["traffic"].close)
     if with_worker:
         driver = build_driver(settings, cluster)
         services.southbound = driver
@@ -199,6 +200,7 @@ def build_api_runtime(settings: Settings, cluster: Cluster) -> Runtime:
     relay = OutboxRelay(store, bus.publish) if settings.redis_url else None
     runtime = Runtime(services, relay)
     services.extras["kick_relay"] = relay.kick if relay else (lambda: None)
+    runtime.closers.append(services.extras["traffic"].close)
     runtime.closers.append(bus.close)
     if settings.southbound_url:  # only for /readyz: the worker drives the switches
         services.southbound = HttpDriver(settings.southbound_url)

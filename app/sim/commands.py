@@ -11,7 +11,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+)
 
 from .policies import POLICIES
 from .report import (
@@ -78,7 +85,7 @@ def run_simulate(
         for policy in policies:
             task = progress.add_task(f"{policy:>14}", total=len(workload))
 
-            def advance(done: int, total: int, task: int = task) -> None:
+            def advance(done: int, total: int, task: TaskID = task) -> None:
                 progress.update(task, completed=done, total=total)
 
             results.append(

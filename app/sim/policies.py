@@ -187,7 +187,9 @@ def _plan_id(catalog: PlanCatalog, demand: DemandMatrix) -> tuple[PlanCatalog, s
     return classify_plan(catalog, pod_demand_from_directed(directed))
 
 
-def _net_s(demand: DemandMatrix, circuits: PodCircuits, budget: Mapping[str, int], gbps: float):
+def _net_s(
+    demand: DemandMatrix, circuits: PodCircuits, budget: Mapping[str, int], gbps: float
+) -> tuple[float, float]:
     if demand.total_bytes <= 0:
         return 0.0, 0.0
     # over every pod the circuits touch, so two-hop paths may relay through the
@@ -267,7 +269,9 @@ def _port_bound_s(cluster: Cluster, demand: DemandMatrix) -> float:
     return port_bound_s(demand, {p.id: p.uplink_ports for p in cluster.pods}, cluster.nic_gbps)
 
 
-def fabric_key(cluster: Cluster, fabric: FabricPlan, job: Job, placement: Placement) -> tuple:
+def fabric_key(
+    cluster: Cluster, fabric: FabricPlan, job: Job, placement: Placement
+) -> tuple[object, ...]:
     """What a job's optical profile depends on; an unchanged key keeps the profile."""
     jf = fabric.job(job.job_id)
     if jf is None:
@@ -415,7 +419,7 @@ def _topologies(
     if jf.slice.mode == MODE_ISOLATED:
         budget = dict(jf.slice.pod_ports)
         held = jf.circuits if jf.circuits.total else jf.plan.circuits
-        phase = {name: plan.circuits for name, plan in jf.phase_plans}
+        phase: dict[str, PodCircuits] = {name: plan.circuits for name, plan in jf.phase_plans}
         for name in (PHASE_PP, PHASE_DP):
             phase.setdefault(name, held)
         return held, phase, budget, False
@@ -431,7 +435,7 @@ def _topologies(
         budget = {p: cluster.pods_by_id[p].uplink_ports for p in pods}
         borrowed = True
         held_plan = plan_topology(cluster, _restrict(combined), budget)
-    phase: dict[str, PodCircuits] = {}
+    phase = {}
     for name, demand in ((PHASE_PP, pp_d), (PHASE_DP, dp_d)):
         plan: CircuitPlan = (
             plan_topology(cluster, _restrict(demand), budget)

@@ -129,7 +129,7 @@ class _Run:
     dp_net: float = 0.0
     version: int = 0
     rates: dict[tuple[str, ...], float] = field(default_factory=dict)
-    fabric_key: tuple = ()
+    fabric_key: tuple[object, ...] = ()
 
     def iteration_total_s(self, index: int) -> float:
         return self.base_s + self.profile.rewiring.cost_of(index).exposed_s
@@ -508,7 +508,7 @@ class Simulation:
             self.key_users[key].discard(job_id)
         self.ledger = self.ledger.release(job_id)
         self.done += 1
-        neighbours = set()
+        neighbours: set[str] = set()
         for key in run.profile.shares:
             neighbours.update(self.key_users.get(key, ()))
         self._admit(at, sorted(neighbours & set(self.running)), replan=self.spec.optical)

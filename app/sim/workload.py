@@ -84,7 +84,9 @@ def _unknown(where: str, data: Mapping[str, Any], known: set[str]) -> None:
         raise WorkloadError(f"{where}: unknown field(s) {', '.join(extra)}")
 
 
-def _int_field(where: str, data: Mapping[str, Any], name: str, low: int, default: int | None):
+def _int_field(
+    where: str, data: Mapping[str, Any], name: str, low: int, default: int | None
+) -> int | None:
     value = data.get(name, default)
     if value is None:
         return None
@@ -139,7 +141,7 @@ def parse_workload_job(data: object, where: str = "job", order: int = 0) -> Work
     if raw_model is not None:
         _unknown(f"{where}: model", raw_model, _MODEL_INT | _MODEL_FLOAT | _MODEL_OTHER)
         ints = {k: _int_field(where, raw_model, k, 1, None) for k in sorted(_MODEL_INT)}
-        floats = {
+        floats: dict[str, Any] = {
             k: _float_field(where, raw_model, k, positive=k != "activation_bytes")
             for k in sorted(_MODEL_FLOAT)
         }

@@ -366,8 +366,12 @@ class Store:
                 .limit(limit)
                 .with_for_update(skip_locked=True)
             ).all()
+            # traffic events name the last report stored; the worker reads every
+            # report up to the newest, so only the newest of a drain is sent
+            traffic = [r.id for r in rows if r.payload.get("type") == "ReportTraffic"]
             for row in rows:
-                publish(row.payload)
+                if row.payload.get("type") != "ReportTraffic" or row.id == traffic[-1]:
+                    publish(row.payload)
             if rows:
                 conn.execute(
                     update(t.outbox)

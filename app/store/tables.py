@@ -19,6 +19,7 @@ from sqlalchemy import (
     String,
     Table,
     Text,
+    text,
 )
 
 metadata = MetaData()
@@ -66,7 +67,7 @@ decisions = Table(
     Column("payload", JSON, nullable=False),
 )
 
-# Named monotonic counters (decision seq, job arrival order, report seq). Taking
+# Named monotonic counters (decision seq, job arrival order, report order). Taking
 # the next value updates the row, which serialises writers and rolls back with
 # the transaction, so sequences stay gap-free.
 counters = Table(
@@ -110,6 +111,14 @@ confirmed_ports = Table(
     Column("port", Integer, primary_key=True),
     Column("peer", Integer, nullable=True),  # null: the port is failed and unconnected
     Column("failed", Boolean, nullable=False, default=False),
+    # the switch controller reads the failed ports on every pass: a few rows
+    Index(
+        "ix_confirmed_ports_failed",
+        "oxc_id",
+        "port",
+        postgresql_where=text("failed"),
+        sqlite_where=text("failed = 1"),
+    ),
 )
 
 # Fabric-wide facts the worker keeps between passes (MLU, pod circuits, ...).
@@ -122,10 +131,17 @@ fabric_state = Table(
 )
 
 # Traffic-demand reports: one row per report (one communication phase).
+# `seq` comes from a database sequence (SQLite: the rowid), so ingest takes no
+# row lock; concurrent ingests may commit out of `seq` order and a rolled-back
+# one leaves a gap. The worker therefore numbers committed reports itself:
+# `ord` is gap-free and is what its cursor counts (null: not yet numbered).
 traffic_reports = Table(
     "traffic_reports",
     metadata,
-    Column("seq", BigInteger, primary_key=True, autoincrement=False),
+    Column(
+        "seq", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
+    ),
+    Column("ord", BigInteger, nullable=True),
     Column("job_id", String(200), nullable=True, index=True),
     Column("phase_started_at", Float, nullable=False),
     Column("demands", JSON, nullable=False),
@@ -133,6 +149,13 @@ traffic_reports = Table(
     # the jobs the worker attributed the report to when it consumed it (a restart
     # replays exactly these, not what today's placements would say)
     Column("attributed", JSON, nullable=True),
+    Index("uq_traffic_reports_ord", "ord", unique=True),
+    Index(
+        "ix_traffic_reports_unnumbered",
+        "seq",
+        postgresql_where=text("ord IS NULL"),
+        sqlite_where=text("ord IS NULL"),
+    ),
 )
 
 # Per-job cycle predictor state, written with the traffic cursor it reflects.

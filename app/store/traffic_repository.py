@@ -1,27 +1,44 @@
 """Traffic reports (durable, numbered) and the cycle predictor's per-job summaries.
 
-Reports get a gap-free `seq` from a counter row; the worker consumes them in
-order and stores its cursor in the same transaction as the predictions and
-decisions it derived, so each report takes effect exactly once.
+Ingest takes no lock: a report's `seq` comes from a database sequence and
+concurrent batches share one transaction (group commit). The worker gives
+committed reports a gap-free `ord` when it reads them, consumes them in that
+order and stores its cursor (an `ord`) in the same transaction as the
+predictions and decisions it derived, so each report takes effect exactly once.
 """
 
 from __future__ import annotations
 
+import logging
+import queue
+import threading
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
-from sqlalchemy import insert, select, update
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy import Connection, Engine, bindparam, create_engine, func, insert, select, update
+from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from app.engine.cross_connects import CrossConnect
 
 from . import tables as t
 from .fabric_repository import replace_desired
-from .repository import NewDecision, Store, add_outbox, append_decisions, next_counter, utcnow
+from .repository import (
+    NewDecision,
+    Store,
+    StoreError,
+    add_outbox,
+    append_decisions,
+    next_counter,
+    utcnow,
+)
 
 CURSOR = "traffic_cursor"
+ORDER = "report_ord"  # the last `ord` given to a committed report
+T = TypeVar("T")
+log = logging.getLogger("lightpath.traffic")
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +63,11 @@ class PredictionRow:
 class TrafficRepository:
     def __init__(self, store: Store) -> None:
         self.store = store
+        self._ingest_engine: Engine | None = None
+        self._queue: GroupCommit | None = None
+        self._lock = threading.Lock()
+
+    # --- ingest (the API) -------------------------------------------------
 
     def ingest(
         self, reports: Sequence[dict[str, Any]], idempotency_key: str | None = None
@@ -59,14 +81,40 @@ class TrafficRepository:
             seen = self._batch(idempotency_key)
             if seen is not None:
                 return seen
-        now = utcnow()
-        try:
-            return self._ingest(reports, idempotency_key, now)
-        except IntegrityError:
-            seen = self._batch(idempotency_key) if idempotency_key else None
-            if seen is None:
-                raise
-            return seen
+        return self.submit(reports, idempotency_key).result()
+
+    def submit(
+        self,
+        reports: Sequence[dict[str, Any]],
+        idempotency_key: str | None = None,
+        after_commit: Callable[[], None] | None = None,
+    ) -> Future[tuple[int, int]]:
+        """`ingest` through the group commit: batches arriving together share a transaction.
+
+        Never blocks on the database (safe on the event loop); a key already
+        seen is answered from its stored row by the writer thread.
+
+        The future resolves to (count, last seq) once the reports are durable;
+        `after_commit` (the relay kick) runs once per transaction, not per batch.
+        """
+        return self._group().submit(_Pending(list(reports), idempotency_key, after_commit))
+
+    def close(self) -> None:
+        """Finish the batches already submitted and release the ingest connections."""
+        with self._lock:
+            queue, self._queue = self._queue, None
+            engine, self._ingest_engine = self._ingest_engine, None
+        if queue is not None:
+            queue.close()
+        if engine is not None and engine is not self.store.write_engine:
+            engine.dispose()
+
+    def _group(self) -> GroupCommit:
+        with self._lock:
+            if self._queue is None:
+                self._ingest_engine = _ingest_engine(self.store.write_engine)
+                self._queue = GroupCommit(self._write_group)
+            return self._queue
 
     def _batch(self, key: str) -> tuple[int, int] | None:
         with self.store.read_engine.connect() as conn:
@@ -75,33 +123,68 @@ class TrafficRepository:
             ).first()
         return (int(row.accepted), int(row.last_seq)) if row else None
 
-    def _ingest(
-        self, reports: Sequence[dict[str, Any]], key: str | None, now: Any
-    ) -> tuple[int, int]:
-        with self.store.write_engine.begin() as conn:
-            first = next_counter(conn, "report_seq", len(reports))
-            conn.execute(
-                insert(t.traffic_reports),
-                [
-                    {
-                        "seq": first + i,
-                        "job_id": r.get("job_id"),
-                        "phase_started_at": r["phase_started_at"],
-                        "demands": r["demands"],
-                        "received_at": now,
-                    }
-                    for i, r in enumerate(reports)
-                ],
-            )
-            last = first + len(reports) - 1
-            add_outbox(conn, "traffic", {"type": "ReportTraffic", "last_seq": last}, now)
-            if key is not None:
-                conn.execute(
-                    insert(t.traffic_batches).values(
-                        key=key, accepted=len(reports), last_seq=last, received_at=now
-                    )
+    def _write_group(self, group: list[_Pending]) -> list[tuple[int, int]]:
+        """One transaction for every batch of `group`; (count, last seq) per batch."""
+        engine = self._ingest_engine
+        assert engine is not None
+        answers = with_reconnect(engine, lambda conn: self._insert_group(conn, group))
+        return [
+            answer if answer is not None else self._answered(p.key)
+            for p, answer in zip(group, answers, strict=True)
+        ]
+
+    def _answered(self, key: str | None) -> tuple[int, int]:
+        """The first answer to a batch whose key another transaction stored meanwhile."""
+        seen = self._batch(key) if key is not None else None
+        if seen is None:
+            raise StoreError(f"idempotency key {key!r} conflicted but is not stored")
+        return seen
+
+    def _insert_group(
+        self, conn: Connection, group: list[_Pending]
+    ) -> list[tuple[int, int] | None]:
+        now = utcnow()
+        answers: list[tuple[int, int] | None] = [None] * len(group)
+        plain = [i for i, p in enumerate(group) if p.key is None]
+        seqs = _insert_reports(conn, [r for i in plain for r in group[i].reports], now)
+        inserted = list(seqs[-1:])  # the last sequence value this transaction took
+        at = 0
+        for i in plain:
+            n = len(group[i].reports)
+            answers[i] = (n, seqs[at + n - 1])
+            at += n
+        keys = {p.key for p in group if p.key is not None}
+        seen = (
+            {
+                row.key: (int(row.accepted), int(row.last_seq))
+                for row in conn.execute(
+                    select(t.traffic_batches).where(t.traffic_batches.c.key.in_(keys))
                 )
-        return len(reports), last
+            }
+            if keys
+            else {}
+        )
+        for i, p in enumerate(group):
+            if p.key is None:
+                continue
+            if p.key in seen:
+                answers[i] = seen[p.key]  # a retry: the first answer, nothing stored
+                continue
+            try:
+                with conn.begin_nested():
+                    last = _insert_reports(conn, p.reports, now)[-1]
+                    conn.execute(
+                        insert(t.traffic_batches).values(
+                            key=p.key, accepted=len(p.reports), last_seq=last, received_at=now
+                        )
+                    )
+                answers[i] = (len(p.reports), last)
+                inserted.append(last)
+            except IntegrityError:
+                answers[i] = None  # stored by a concurrent request: answered from its row
+        if inserted:
+            add_outbox(conn, "traffic", {"type": "ReportTraffic", "last_seq": max(inserted)}, now)
+        return answers
 
     def cursor(self) -> int:
         with self.store.read_engine.connect() as conn:
@@ -111,31 +194,59 @@ class TrafficRepository:
         return int(value or 0)
 
     def reports_after(self, seq: int, limit: int = 2000) -> list[ReportRow]:
+        """Reports numbered after `seq`, in order; numbers newly committed ones first.
+
+        `ReportRow.seq` is the gap-free `ord` the worker's cursor counts. Reports
+        committed since the last call get the next numbers in `seq` order (one
+        short transaction on the counter row, taken only by the worker), so a
+        report committed late behind a higher sequence value is still consumed.
+        """
+        self._number_new(limit)
+        r = t.traffic_reports
         with self.store.read_engine.connect() as conn:
             rows = conn.execute(
-                select(t.traffic_reports)
-                .where(t.traffic_reports.c.seq > seq)
-                .order_by(t.traffic_reports.c.seq)
+                select(r.c.ord, r.c.job_id, r.c.phase_started_at, r.c.demands, r.c.attributed)
+                .where(r.c.ord > seq)
+                .order_by(r.c.ord)
                 .limit(limit)
             ).all()
         return [
-            ReportRow(r.seq, r.job_id, r.phase_started_at, r.demands, r.attributed) for r in rows
+            ReportRow(row.ord, row.job_id, row.phase_started_at, row.demands, row.attributed)
+            for row in rows
         ]
+
+    def _number_new(self, limit: int) -> int:
+        """Give up to `limit` committed, unnumbered reports their `ord`; returns how many."""
+        r = t.traffic_reports
+        unnumbered = select(r.c.seq).where(r.c.ord.is_(None)).order_by(r.c.seq).limit(limit)
+        with self.store.read_engine.connect() as conn:
+            if conn.execute(unnumbered.limit(1)).first() is None:
+                return 0
+        with self.store.write_engine.begin() as conn:
+            seqs = list(conn.execute(unnumbered).scalars())
+            if not seqs:
+                return 0
+            first = next_counter(conn, ORDER, len(seqs))
+            conn.execute(
+                update(r).where(r.c.seq == bindparam("b_seq")).values(ord=bindparam("b_ord")),
+                [{"b_seq": s, "b_ord": first + i} for i, s in enumerate(seqs)],
+            )
+        return len(seqs)
 
     def reports_of_jobs(self, job_ids: Sequence[str], up_to: int) -> list[ReportRow]:
         """Reports already consumed that name one of `job_ids` or none (for replay)."""
         with self.store.read_engine.connect() as conn:
             rows = conn.execute(
                 select(t.traffic_reports)
-                .where(t.traffic_reports.c.seq <= up_to)
+                .where(t.traffic_reports.c.ord <= up_to)
                 .where(
                     t.traffic_reports.c.job_id.in_(list(job_ids))
                     | t.traffic_reports.c.job_id.is_(None)
                 )
-                .order_by(t.traffic_reports.c.seq)
+                .order_by(t.traffic_reports.c.ord)
             ).all()
         return [
-            ReportRow(r.seq, r.job_id, r.phase_started_at, r.demands, r.attributed) for r in rows
+            ReportRow(r.ord, r.job_id, r.phase_started_at, r.demands, r.attributed) for r in rows
         ]
 
     def commit_predictions(
@@ -185,7 +296,7 @@ class TrafficRepository:
             for jobs, seqs in by_jobs.items():
                 conn.execute(
                     update(t.traffic_reports)
-                    .where(t.traffic_reports.c.seq.in_(seqs))
+                    .where(t.traffic_reports.c.ord.in_(seqs))
                     .values(attributed=list(jobs))
                 )
             return append_decisions(conn, decisions, now)
@@ -199,7 +310,132 @@ class TrafficRepository:
 
     def count_reports(self) -> int:
         with self.store.read_engine.connect() as conn:
-            value = conn.execute(
-                select(t.counters.c.value).where(t.counters.c.name == "report_seq")
-            ).scalar()
+            value = conn.execute(select(func.count()).select_from(t.traffic_reports)).scalar()
         return int(value or 0)
+
+
+@dataclass(slots=True)
+class _Pending:
+    reports: list[dict[str, Any]]
+    key: str | None
+    after_commit: Callable[[], None] | None
+
+
+def _insert_reports(conn: Connection, reports: Sequence[dict[str, Any]], now: Any) -> list[int]:
+    """Insert reports; their sequence values in the order given (none for no reports)."""
+    if not reports:
+        return []
+    r = t.traffic_reports
+    rows = [
+        {
+            "job_id": x.get("job_id"),
+            "phase_started_at": x["phase_started_at"],
+            "demands": x["demands"],
+            "received_at": now,
+        }
+        for x in reports
+    ]
+    return list(
+        conn.execute(insert(r).returning(r.c.seq, sort_by_parameter_order=True), rows).scalars()
+    )
+
+
+def _ingest_engine(write_engine: Engine) -> Engine:
+    """PostgreSQL: a small pool of its own without pre-ping (a dead connection is
+    retried once instead of every checkout paying a round trip); SQLite: the
+    store's write engine (one writer at a time anyway)."""
+    if write_engine.dialect.name == "sqlite":
+        return write_engine
+    return create_engine(write_engine.url, pool_size=2, max_overflow=2, pool_pre_ping=False)
+
+
+class GroupCommit:
+    """Group commit: one writer thread stores everything queued since its last commit.
+
+    Concurrent POST /v1/traffic requests land in one transaction (one sequence
+    round trip, one commit, one outbox row, one relay kick) instead of one each.
+    """
+
+    def __init__(
+        self,
+        write: Callable[[list[_Pending]], list[tuple[int, int]]],
+        max_reports: int = 5000,
+    ) -> None:
+        self._write = write
+        self._max_reports = max_reports
+        self._items: queue.SimpleQueue[tuple[_Pending, Future[tuple[int, int]]] | None] = (
+            queue.SimpleQueue()
+        )
+        self._thread = threading.Thread(target=self._run, name="traffic-ingest", daemon=True)
+        self._thread.start()
+
+    def submit(self, pending: _Pending) -> Future[tuple[int, int]]:
+        future: Future[tuple[int, int]] = Future()
+        self._items.put((pending, future))
+        return future
+
+    def close(self) -> None:
+        self._items.put(None)
+        self._thread.join(timeout=10)
+
+    def _take(self) -> tuple[list[tuple[_Pending, Future[tuple[int, int]]]], bool]:
+        """What is queued now (waiting for the first); True when closing."""
+        first = self._items.get()
+        if first is None:
+            return [], True
+        group, size = [first], len(first[0].reports)
+        while size < self._max_reports:
+            try:
+                item = self._items.get_nowait()
+            except queue.Empty:
+                break
+            if item is None:
+                self._store(group)
+                return [], True
+            group.append(item)
+            size += len(item[0].reports)
+        return group, False
+
+    def _run(self) -> None:
+        while True:
+            group, closing = self._take()
+            if group:
+                self._store(group)
+            if closing:
+                return
+
+    def _store(self, group: list[tuple[_Pending, Future[tuple[int, int]]]]) -> None:
+        try:
+            answers = self._write([p for p, _ in group])
+        except Exception as exc:  # every batch of the group failed with it
+            for _, future in group:
+                future.set_exception(exc)
+            return
+        for (_, future), answer in zip(group, answers, strict=True):
+            future.set_result(answer)
+        for kick in dict.fromkeys(p.after_commit for p, _ in group if p.after_commit):
+            try:
+                kick()
+            except Exception:
+                log.exception("after-commit callback failed")
+
+
+def with_reconnect(engine: Engine, body: Callable[[Connection], T]) -> T:
+    """Run `body` in a transaction; once more on a fresh connection if the first was dead.
+
+    Only a failure before COMMIT is retried (nothing was stored); a connection
+    lost during COMMIT leaves the outcome unknown and is raised.
+    """
+    for attempt in (1, 2):
+        with engine.connect() as conn:
+            try:
+                trans = conn.begin()
+                result = body(conn)
+            except DBAPIError as exc:
+                if exc.connection_invalidated and attempt == 1:
+                    log.warning("database connection lost before commit; retrying once")
+                    continue
+                raise
+            trans.commit()
+            return result
+    raise AssertionError("unreachable")

@@ -1,0 +1,182 @@
+"""Traffic ingest without a lock: sequence values, worker-side numbering, group commit."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from concurrent.futures import Future
+
+import psycopg
+import pytest
+from sqlalchemy import create_engine, func, insert, select, text
+from sqlalchemy.exc import OperationalError
+
+from app.settings import Settings
+from app.store import tables as t
+from app.store.repository import utcnow
+from app.store.traffic_repository import GroupCommit, TrafficRepository, _Pending, with_reconnect
+from app.wiring import build_store
+
+DEMAND = [["pod-0/tor-0/srv-0", "pod-1/tor-0/srv-0", 1e9]]
+
+
+def _report(at: float) -> dict[str, object]:
+    return {"job_id": None, "phase_started_at": at, "demands": DEMAND}
+
+
+@pytest.fixture
+def repo(database_url: str) -> Iterator[TrafficRepository]:
+    store = build_store(Settings(database_url=database_url))
+    yield TrafficRepository(store)
+    store.dispose()
+
+
+def _raw_report(conn, seq: int | None, at: float) -> int:
+    values = {"phase_started_at": at, "demands": DEMAND, "received_at": utcnow()}
+    if seq is not None:
+        values["seq"] = seq
+    return conn.execute(
+        insert(t.traffic_reports).values(**values).returning(t.traffic_reports.c.seq)
+    ).scalar_one()
+
+
+def test_a_report_committed_behind_a_higher_seq_is_still_consumed(
+    repo: TrafficRepository,
+) -> None:
+    """The worker's cursor counts `ord`, given at read time: a late commit is not skipped."""
+    with repo.store.write_engine.begin() as conn:
+        _raw_report(conn, 10, 1.0)
+    first = repo.reports_after(0)
+    assert [(r.seq, r.phase_started_at) for r in first] == [(1, 1.0)]
+    with repo.store.write_engine.begin() as conn:
+        _raw_report(conn, 5, 2.0)  # a lower sequence value that committed later
+    later = repo.reports_after(first[-1].seq)
+    assert [(r.seq, r.phase_started_at) for r in later] == [(2, 2.0)]
+    assert repo.reports_after(2) == []
+
+
+def test_concurrent_transactions_commit_out_of_order_on_postgres(postgres_url: str) -> None:
+    store = build_store(Settings(database_url=postgres_url))
+    with store.write_engine.begin() as conn:
+        conn.execute(text("TRUNCATE traffic_reports RESTART IDENTITY"))
+        conn.execute(text("DELETE FROM counters"))
+    repo = TrafficRepository(store)
+    try:
+        slow = store.write_engine.connect()
+        tx = slow.begin()
+        low = _raw_report(slow, None, 1.0)  # takes a sequence value, not yet committed
+        count, high = repo.ingest([_report(2.0)])  # does not wait for the open transaction
+        assert (count, high) == (1, low + 1)
+        assert [r.phase_started_at for r in repo.reports_after(0)] == [2.0]
+        tx.commit()
+        slow.close()
+        assert [(r.seq, r.phase_started_at) for r in repo.reports_after(1)] == [(2, 1.0)]
+    finally:
+        repo.close()
+        store.dispose()
+
+
+def test_one_group_is_one_transaction_with_one_outbox_event(repo: TrafficRepository) -> None:
+    repo._group()  # the ingest engine
+    group = [
+        _Pending([_report(1.0), _report(2.0)], None, None),
+        _Pending([_report(3.0)], "key-a", None),
+        _Pending([_report(4.0)], "key-a", None),  # the same batch retried at once
+        _Pending([_report(5.0)], None, None),
+    ]
+    answers = repo._write_group(group)
+    assert answers[1] == answers[2] and answers[1][0] == 1
+    assert answers[0][0] == 2 and answers[3][0] == 1
+    assert len({answers[0][1], answers[1][1], answers[3][1]}) == 3
+    assert repo.count_reports() == 4, "the retried batch was stored once"
+    with repo.store.read_engine.connect() as conn:
+        events = conn.execute(select(t.outbox.c.payload)).scalars().all()
+    assert events == [{"type": "ReportTraffic", "last_seq": max(a[1] for a in answers)}]
+    again = repo.ingest([_report(6.0)], "key-a")
+    assert again == answers[1]
+    repo.close()
+
+
+def test_group_commit_takes_everything_queued_and_kicks_once() -> None:
+    release = threading.Event()
+    groups: list[int] = []
+
+    def write(group: list[_Pending]) -> list[tuple[int, int]]:
+        if not groups:
+            release.wait(5)
+        groups.append(len(group))
+        return [(len(p.reports), i) for i, p in enumerate(group)]
+
+    kicks: list[int] = []
+
+    def kick() -> None:
+        kicks.append(1)
+
+    committer = GroupCommit(write)
+    first = committer.submit(_Pending([_report(0.0)], None, kick))
+    while committer._items.qsize():  # the writer took the first and is blocked
+        threading.Event().wait(0.001)
+    rest: list[Future[tuple[int, int]]] = [
+        committer.submit(_Pending([_report(1.0)] * 2, None, kick)) for _ in range(5)
+    ]
+    release.set()
+    assert first.result(5) == (1, 0)
+    assert [f.result(5) for f in rest] == [(2, i) for i in range(5)]
+    committer.close()
+    assert groups == [1, 5], "the five batches queued meanwhile shared one transaction"
+    assert len(kicks) == 2, "one relay kick per transaction"
+
+
+def test_a_failed_group_fails_each_of_its_batches() -> None:
+    def write(group: list[_Pending]) -> list[tuple[int, int]]:
+        raise RuntimeError("database down")
+
+    committer = GroupCommit(write)
+    future = committer.submit(_Pending([_report(0.0)], None, None))
+    with pytest.raises(RuntimeError, match="database down"):
+        future.result(5)
+    committer.close()
+
+
+def test_a_dead_pooled_connection_is_retried_once_without_pre_ping(postgres_url: str) -> None:
+    engine = create_engine(
+        Settings(database_url=postgres_url).database_url, pool_size=1, pool_pre_ping=False
+    )
+    with engine.connect() as conn:
+        pid = conn.execute(select(func.pg_backend_pid())).scalar_one()
+    with psycopg.connect(postgres_url, autocommit=True) as admin:
+        admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+    calls = []
+
+    def body(conn) -> int:
+        calls.append(1)
+        return int(conn.execute(text("SELECT 41 + 1")).scalar_one())
+
+    assert with_reconnect(engine, body) == 42
+    assert len(calls) == 2, "the first attempt met the dead connection"
+    with psycopg.connect(postgres_url, autocommit=True) as admin:
+        with engine.connect() as conn:
+            pid = conn.execute(select(func.pg_backend_pid())).scalar_one()
+        admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+
+    def always_fails(conn) -> int:
+        raise OperationalError("SELECT 1", {}, Exception("boom"))
+
+    with pytest.raises(OperationalError):
+        with_reconnect(engine, always_fails)
+    engine.dispose()
+
+
+def test_the_relay_sends_only_the_newest_traffic_event_of_a_drain(repo: TrafficRepository) -> None:
+    for i in range(3):
+        repo.ingest([_report(float(i))])
+    with repo.store.write_engine.begin() as conn:
+        conn.execute(
+            insert(t.outbox).values(
+                topic="jobs", payload={"type": "AdmitJob", "job_id": "j"}, created_at=utcnow()
+            )
+        )
+    sent: list[dict[str, object]] = []
+    assert repo.store.relay_outbox(sent.append) == 4
+    assert sent == [{"type": "ReportTraffic", "last_seq": 3}, {"type": "AdmitJob", "job_id": "j"}]
+    repo.close()
