@@ -16,6 +16,7 @@ from typing import Protocol
 
 from app.bus.messages import AdmitJob, CompleteJob, Delivery, JobsChanged, Message
 from app.engine.cluster import Cluster
+from app.engine.job_lease import expired_leases
 from app.settings import Settings
 from app.store import Store
 
@@ -58,10 +59,20 @@ class Worker:
         self.passes = 0
         self.replan = threading.Event()
 
+    def expire_leases(self) -> set[str]:
+        """Fail placed jobs whose heartbeat lease ran out (freeing their servers)."""
+        expired = set()
+        for lease in expired_leases(self.store.leased_jobs(), time.time()):
+            if self.store.expire_lease(lease):
+                log.warning("job lease expired", extra={"job_id": lease.job_id})
+                expired.add(lease.job_id)
+        return expired
+
     def handle(self, messages: list[Message]) -> None:
         """One pass over the current state, whatever woke us."""
         reason = "reconcile"
-        if any(isinstance(m, CompleteJob) for m in messages):
+        expired = self.expire_leases()
+        if expired or any(isinstance(m, CompleteJob) for m in messages):
             reason = "completion"
         elif any(isinstance(m, AdmitJob) for m in messages):
             reason = "arrival"
@@ -76,7 +87,7 @@ class Worker:
         self.metrics.placement_seconds.observe(time.perf_counter() - start)
         self.metrics.jobs_placed.inc(len(result.placed))
         self.metrics.decisions.labels("placement").inc(len(result.decision_seqs))
-        changed = set(result.placed) | set(result.examined)
+        changed = set(result.placed) | set(result.examined) | expired
         changed.update(m.job_id for m in messages if isinstance(m, AdmitJob | CompleteJob))
         if changed:  # launchers waiting for placement need not wait for the fabric
             self.bus.announce(JobsChanged(tuple(sorted(changed))))
