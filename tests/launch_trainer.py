@@ -34,7 +34,7 @@ def main() -> int:
     out, mode, dp, ep = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
     missing = [k for k in REQUIRED if not os.environ.get(k)]
     if missing:
-        print(f"missing {missing}", file=sys.stderr)
+        sys.stderr.write(f"missing {missing}\n")
         return 97
     env = {k: os.environ[k] for k in REQUIRED + ("LIGHTPATH_SERVER", "LIGHTPATH_PLACEMENT")}
     rank = int(env["NODE_RANK"])
@@ -48,7 +48,7 @@ def main() -> int:
         or len(hosts) != int(env["NNODES"])
         or not 0 < int(env["MASTER_PORT"]) < 65536
     ):
-        print(f"inconsistent environment {env}", file=sys.stderr)
+        sys.stderr.write(f"inconsistent environment {env}\n")
         return 97
 
     def stop(signum: int, _frame: object) -> None:
