@@ -4,9 +4,10 @@ ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
 WORKDIR /srv/lightpath
 COPY pyproject.toml README.md ./
 COPY app ./app
+COPY lightpath_client ./lightpath_client
 COPY migrations ./migrations
 COPY data ./data
-RUN pip install -e . && useradd --system --uid 10001 lightpath && mkdir -p /data \
+RUN pip install -e '.[server]' && useradd --system --uid 10001 lightpath && mkdir -p /data \
     && chown lightpath /data
 USER lightpath
 WORKDIR /data

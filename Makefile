@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 $(BIN)/lightpath: pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet -e '.[server,dev]'
 	touch $(BIN)/lightpath
 
 setup: $(BIN)/lightpath

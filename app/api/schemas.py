@@ -17,7 +17,10 @@ from app.engine.job import Collective
 Degree = Annotated[StrictInt, Field(ge=1, le=65536)]
 PositiveNumber = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 NonNegativeNumber = Annotated[float, Field(ge=0, allow_inf_nan=False)]
-JOB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:@/+-]{0,199}$"
+# No "/" (nor anything else a path segment would have to escape): every id the
+# pattern admits is addressable, raw or percent-encoded, by every route.
+JOB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:@+-]{0,199}$"
+JobState = Literal["queued", "placed", "completed", "failed", "cancelled"]
 
 
 class _Strict(BaseModel):
@@ -74,6 +77,16 @@ class JobIn(_Strict):
     deadline: float | dt.datetime | None = Field(
         None, description="epoch seconds or RFC 3339 time; used by the edf queue policy"
     )
+    lease_s: Annotated[float, Field(ge=1, le=86400, allow_inf_nan=False)] | None = Field(
+        None,
+        description="heartbeat lease: a placed job not heard from (placement, then "
+        "POST /v1/jobs/{job_id}/heartbeat) for this long is failed with reason lease_expired",
+    )
+    walltime_s: Annotated[float, Field(gt=0, le=31_536_000, allow_inf_nan=False)] | None = Field(
+        None,
+        description="runtime estimate; EASY backfill starts this job ahead of a blocked head "
+        "only if it ends before the head's reserved start (or avoids its servers)",
+    )
 
     @field_validator("deadline")
     @classmethod
@@ -87,8 +100,16 @@ class JobIn(_Strict):
         return value
 
     def stored_body(self) -> dict[str, Any]:
-        """The canonical body we keep and compare for idempotency."""
-        return self.model_dump(mode="json", exclude={"job_id"})
+        """The canonical body we keep and compare for idempotency.
+
+        Optional fields added later are left out when unset, so a body stored
+        before they existed still matches the same resubmitted body.
+        """
+        body = self.model_dump(mode="json", exclude={"job_id"})
+        for late in ("lease_s", "walltime_s"):
+            if body.get(late) is None:
+                body.pop(late, None)
+        return body
 
 
 class UnitOut(BaseModel):
@@ -129,10 +150,10 @@ class JobOut(BaseModel):
     """A job as Lightpath sees it now."""
 
     job_id: str
-    state: Literal["queued", "placed", "completed", "failed"]
+    state: JobState
     submitted_at: dt.datetime
     placed_at: dt.datetime | None
-    completed_at: dt.datetime | None
+    completed_at: dt.datetime | None = Field(description="when it ended (any ended state)")
     parallelism: ParallelismIn
     priority: int = 0
     deadline: float | None = None
@@ -140,6 +161,24 @@ class JobOut(BaseModel):
     placement: PlacementOut | None = None
     collective: CollectiveOut | None = None
     network: NetworkOut | None = None
+    exit_code: int | None = Field(None, description="the launcher's exit code (failed jobs)")
+    end_reason: str | None = Field(
+        None, description="why it failed or was cancelled, e.g. lease_expired"
+    )
+    lease_s: float | None = None
+    lease_expires_at: dt.datetime | None = Field(
+        None, description="a placed job with a lease is failed if not heard from by then"
+    )
+    walltime_s: float | None = None
+
+
+class FailIn(_Strict):
+    """`POST /v1/jobs/{job_id}/fail`: the launcher's command failed."""
+
+    exit_code: Annotated[StrictInt, Field(ge=-255, le=255)] | None = Field(
+        None, description="exit status (negative: killed by that signal)"
+    )
+    reason: str | None = Field(None, max_length=500, description="free text, e.g. oom")
 
 
 class JobListOut(BaseModel):

@@ -24,6 +24,11 @@ class JobState(StrEnum):
     PLACED = "placed"
     COMPLETED = "completed"
     FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def ended(self) -> bool:
+        return self in (JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED)
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +86,7 @@ class Job:
     priority: int = 0
     deadline: float | None = None  # seconds since the epoch
     submitted_order: int = 0  # arrival order, ties broken by it in every queue policy
+    walltime_s: float | None = None  # the launcher's runtime estimate, for EASY backfill
 
     @property
     def servers_needed(self) -> int:

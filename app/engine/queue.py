@@ -8,8 +8,14 @@ arrival. With backfill on, when the head job does not fit, it gets a
 reservation: exactly the servers of the EP slots it will use once the jobs
 running there finish (ToRs with the most free servers first). Later jobs may
 start only on servers outside the reservation, so backfill never delays the head
-job (EASY backfill without runtime estimates: iteration counts are unknown, so
-the reservation is spatial rather than a start time).
+job.
+
+With runtime estimates (`walltime_s` of the queued jobs, `busy_until` of the
+running ones) this is EASY backfill proper: the head's reserved start is when
+the last running job holding a reserved server is expected to end, and a job
+with a `walltime_s` that ends by then may also use reserved servers, since they
+are free again when the head starts. A reserved server held by a job without an
+estimate makes the reserved start unknown; then only the spatial rule applies.
 
 `place` defaults to `place_job`; pass
 `functools.partial(place_job, aggregator_free_gbps=...)` to steer INC load.
@@ -18,7 +24,7 @@ the reservation is spatial rather than a start time).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence, Set
+from collections.abc import Callable, Mapping, Sequence, Set
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -58,6 +64,7 @@ class Admission:
     placements: tuple[Placement, ...]
     reserved_for: str | None = None
     reserved_servers: frozenset[str] = frozenset()
+    reserved_start: float | None = None  # when the head is expected to start, if known
 
 
 PlaceFn = Callable[[Cluster, Set[str], Job], Placement | Unplaceable]
@@ -96,6 +103,24 @@ def reserve_for(cluster: Cluster, free: Set[str], job: Job) -> frozenset[str]:
     return frozenset(reserved)
 
 
+def reserved_start(
+    reserved: Set[str], free: Set[str], busy_until: Mapping[str, float], now: float
+) -> float | None:
+    """When every reserved server is free again: the latest expected end among the busy ones.
+
+    None when a busy reserved server's job has no runtime estimate.
+    """
+    start = now
+    for server in reserved:
+        if server in free:
+            continue
+        ends = busy_until.get(server)
+        if ends is None:
+            return None
+        start = max(start, ends)
+    return start
+
+
 def admit_queued(
     cluster: Cluster,
     free: Set[str],
@@ -104,18 +129,31 @@ def admit_queued(
     *,
     backfill: bool = True,
     place: PlaceFn = place_job,
+    now: float = 0.0,
+    busy_until: Mapping[str, float] | None = None,
 ) -> Admission:
-    """Admit queued jobs in policy order; backfill around a blocked head if allowed."""
+    """Admit queued jobs in policy order; backfill around a blocked head if allowed.
+
+    `busy_until` maps busy servers to the expected end of the job holding them
+    (epoch seconds, like `now`); it and the queued jobs' `walltime_s` enable
+    time-aware EASY backfill (see the module doc).
+    """
     available = set(free)
     placements: list[Placement] = []
     reserved: frozenset[str] = frozenset()
     head: str | None = None
+    start: float | None = None
+    ends = dict(busy_until or {})
     for job in order_queue(queue, policy):
         usable = available - reserved if head else available
         result = place(cluster, usable, job)
+        if not isinstance(result, Placement) and head and _ends_by(job, now, start):
+            result = place(cluster, available, job)  # done before the head can start
         if isinstance(result, Placement):
             placements.append(result)
             available.difference_update(result.servers)
+            if job.walltime_s is not None:
+                ends.update({s: now + job.walltime_s for s in result.servers})
             continue
         if result.never_fits:
             continue  # refused at the door; never blocks the queue
@@ -124,4 +162,10 @@ def admit_queued(
                 break
             head = job.job_id
             reserved = reserve_for(cluster, available, job)
-    return Admission(tuple(placements), head, reserved if head else frozenset())
+            start = reserved_start(reserved, available, ends, now)
+    return Admission(tuple(placements), head, reserved if head else frozenset(), start)
+
+
+def _ends_by(job: Job, now: float, start: float | None) -> bool:
+    """The job states a runtime and finishes no later than the head's reserved start."""
+    return start is not None and job.walltime_s is not None and now + job.walltime_s <= start

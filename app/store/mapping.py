@@ -29,6 +29,7 @@ def job_from_body(job_id: str, body: dict[str, Any], submitted_order: int) -> Jo
         priority=body.get("priority", 0),
         deadline=body.get("deadline"),
         submitted_order=submitted_order,
+        walltime_s=body.get("walltime_s"),
     )
 
 

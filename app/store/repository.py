@@ -15,6 +15,7 @@ from sqlalchemy import Connection, Engine, delete, func, insert, select, text, u
 from sqlalchemy.exc import IntegrityError
 
 from app.engine.job import JobState, Placement
+from app.engine.job_lease import LEASE_EXPIRED, JobLease
 
 from . import tables as t
 from .mapping import job_from_body, placement_to_json
@@ -44,6 +45,11 @@ class JobRecord:
     submitted_at: dt.datetime
     placed_at: dt.datetime | None
     completed_at: dt.datetime | None
+    owner: str | None = None
+    lease_s: float | None = None
+    heartbeat_at: dt.datetime | None = None
+    exit_code: int | None = None
+    end_reason: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +81,8 @@ class Snapshot:
     placed: dict[str, dict[str, Any]]  # job id -> placement JSON of placed jobs
     unexamined: frozenset[str] = frozenset()  # queued jobs no admission pass has seen
     aggregator_used_gbps: dict[str, float] = field(default_factory=dict)  # ToR -> INC Gb/s held
+    # server -> epoch seconds its placed job is expected to end (jobs with walltime_s only)
+    busy_until: dict[str, float] = field(default_factory=dict)
 
 
 def utcnow() -> dt.datetime:
@@ -102,6 +110,11 @@ def _job_record(row: Any) -> JobRecord:
         submitted_at=_aware(row.submitted_at),  # type: ignore[arg-type]
         placed_at=_aware(row.placed_at),
         completed_at=_aware(row.completed_at),
+        owner=row.owner,
+        lease_s=row.lease_s,
+        heartbeat_at=_aware(row.heartbeat_at),
+        exit_code=row.exit_code,
+        end_reason=row.end_reason,
     )
 
 
@@ -177,6 +190,7 @@ class Store:
         servers_needed: int,
         priority: int,
         deadline: float | None,
+        owner: str | None = None,
     ) -> tuple[JobRecord, bool]:
         """Record a new queued job and its AdmitJob event; (existing, False) if the id exists."""
         existing = self.get_job(job_id)
@@ -198,6 +212,8 @@ class Store:
                         deadline=deadline,
                         examined=False,
                         submitted_at=now,
+                        owner=owner,
+                        lease_s=body.get("lease_s"),
                     )
                 )
                 add_outbox(conn, "jobs", {"type": "AdmitJob", "job_id": job_id}, now)
@@ -233,23 +249,95 @@ class Store:
         return counts
 
     def complete_job(self, job_id: str) -> JobRecord | None:
-        """Mark a job completed and free its servers; a second call changes nothing."""
+        """Mark a placed job completed and free its servers; a second call changes nothing."""
+        return self.end_job(job_id, JobState.COMPLETED, from_states=(JobState.PLACED,))
+
+    def end_job(
+        self,
+        job_id: str,
+        state: JobState,
+        *,
+        from_states: Sequence[JobState] = (JobState.QUEUED, JobState.PLACED),
+        exit_code: int | None = None,
+        reason: str | None = None,
+    ) -> JobRecord | None:
+        """Move a job in `from_states` to the ended `state`, freeing its servers, all at once.
+
+        Ports and aggregators follow: the fabric pass re-plans from the placed
+        jobs and the snapshot counts aggregators of placed jobs only. A job in
+        any other state is returned unchanged (the caller compares states), so
+        every ending is idempotent; None for an unknown id.
+        """
         now = utcnow()
         with self.write_engine.begin() as conn:
-            row = conn.execute(select(t.jobs.c.state).where(t.jobs.c.job_id == job_id)).first()
-            if row is None:
-                return None
-            if row.state in (JobState.QUEUED.value, JobState.PLACED.value):
+            changed = conn.execute(
+                update(t.jobs)
+                .where(t.jobs.c.job_id == job_id)
+                .where(t.jobs.c.state.in_([s.value for s in from_states]))
+                .values(state=state.value, completed_at=now, exit_code=exit_code, end_reason=reason)
+            ).rowcount
+            if changed:
                 conn.execute(
                     delete(t.server_assignments).where(t.server_assignments.c.job_id == job_id)
                 )
-                conn.execute(
-                    update(t.jobs)
-                    .where(t.jobs.c.job_id == job_id)
-                    .values(state=JobState.COMPLETED.value, completed_at=now)
-                )
                 add_outbox(conn, "jobs", {"type": "CompleteJob", "job_id": job_id}, now)
         return self.get_job(job_id)
+
+    def heartbeat_job(self, job_id: str) -> JobRecord | None:
+        """Renew the lease of a queued or placed job; an ended job is returned unchanged."""
+        with self.write_engine.begin() as conn:
+            conn.execute(
+                update(t.jobs)
+                .where(t.jobs.c.job_id == job_id)
+                .where(t.jobs.c.state.in_([JobState.QUEUED.value, JobState.PLACED.value]))
+                .values(heartbeat_at=utcnow())
+            )
+        return self.get_job(job_id)
+
+    def leased_jobs(self) -> list[JobLease]:
+        """Placed jobs that asked for heartbeats, as the lease rule sees them."""
+        query = select(
+            t.jobs.c.job_id, t.jobs.c.lease_s, t.jobs.c.placed_at, t.jobs.c.heartbeat_at
+        ).where(t.jobs.c.state == JobState.PLACED.value, t.jobs.c.lease_s.is_not(None))
+        with self.read_engine.connect() as conn:
+            rows = conn.execute(query).all()
+        return [
+            JobLease(
+                r.job_id,
+                float(r.lease_s),
+                _aware(r.placed_at).timestamp(),  # type: ignore[union-attr]
+                _aware(r.heartbeat_at).timestamp() if r.heartbeat_at is not None else None,  # type: ignore[union-attr]
+            )
+            for r in rows
+        ]
+
+    def expire_lease(self, lease: JobLease) -> bool:
+        """Fail a job whose lease ran out, unless a heartbeat landed since `lease` was read."""
+        now = utcnow()
+        beat = (
+            dt.datetime.fromtimestamp(lease.heartbeat_at, dt.UTC)
+            if lease.heartbeat_at is not None
+            else None
+        )
+        with self.write_engine.begin() as conn:
+            row = conn.execute(
+                select(t.jobs.c.heartbeat_at).where(
+                    t.jobs.c.job_id == lease.job_id, t.jobs.c.state == JobState.PLACED.value
+                )
+            ).first()
+            if row is None or _aware(row.heartbeat_at) != beat:
+                return False
+            conn.execute(
+                update(t.jobs)
+                .where(t.jobs.c.job_id == lease.job_id)
+                .where(t.jobs.c.state == JobState.PLACED.value)
+                .values(state=JobState.FAILED.value, completed_at=now, end_reason=LEASE_EXPIRED)
+            )
+            conn.execute(
+                delete(t.server_assignments).where(t.server_assignments.c.job_id == lease.job_id)
+            )
+            add_outbox(conn, "jobs", {"type": "CompleteJob", "job_id": lease.job_id}, now)
+        return True
 
     # --- scheduling -------------------------------------------------------
 
@@ -269,17 +357,26 @@ class Store:
             }
             placed = {}
             aggregators: dict[str, float] = {}
+            busy_until: dict[str, float] = {}
             for r in conn.execute(
-                select(t.jobs.c.job_id, t.jobs.c.placement, t.jobs.c.collective).where(
-                    t.jobs.c.state == JobState.PLACED.value
-                )
+                select(
+                    t.jobs.c.job_id,
+                    t.jobs.c.placement,
+                    t.jobs.c.collective,
+                    t.jobs.c.placed_at,
+                    t.jobs.c.body,
+                ).where(t.jobs.c.state == JobState.PLACED.value)
             ):
                 placed[r.job_id] = r.placement
+                walltime = (r.body or {}).get("walltime_s")
+                if walltime is not None and r.placed_at is not None:
+                    ends = _aware(r.placed_at).timestamp() + float(walltime)  # type: ignore[union-attr]
+                    busy_until.update({u["server"]: ends for u in r.placement["units"]})
                 for grant in (r.collective or {}).get("aggregator_grants", []):
                     aggregators[grant["tor"]] = aggregators.get(grant["tor"], 0.0) + grant["gbps"]
         queued = tuple(job_from_body(r.job_id, r.body, r.submitted_order) for r in queued_rows)
         unexamined = frozenset(r.job_id for r in queued_rows if not r.examined)
-        return Snapshot(queued, used, placed, unexamined, aggregators)
+        return Snapshot(queued, used, placed, unexamined, aggregators, busy_until)
 
     def record_admission(
         self,

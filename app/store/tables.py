@@ -45,6 +45,16 @@ jobs = Table(
     Column("submitted_at", DateTime(timezone=True), nullable=False),
     Column("placed_at", DateTime(timezone=True), nullable=True),
     Column("completed_at", DateTime(timezone=True), nullable=True),
+    # Fingerprint of the bearer token that submitted the job (launcher scope may
+    # end only its own jobs); null when auth is off.
+    Column("owner", String(64), nullable=True),
+    # Heartbeat lease: a placed job not heard from for lease_s since
+    # max(placed_at, heartbeat_at) is failed with end_reason lease_expired.
+    Column("lease_s", Float, nullable=True),
+    Column("heartbeat_at", DateTime(timezone=True), nullable=True),
+    # How a job ended: the launcher's exit code and reason (failed, cancelled).
+    Column("exit_code", Integer, nullable=True),
+    Column("end_reason", Text, nullable=True),
 )
 
 # Which job holds each server. The primary key makes double booking impossible.

@@ -16,6 +16,7 @@ from typing import Protocol
 
 from app.bus.messages import AdmitJob, CompleteJob, Delivery, JobsChanged, Message, ReportTraffic
 from app.engine.cluster import Cluster
+from app.engine.job_lease import expired_leases
 from app.settings import Settings
 from app.store import Store
 
@@ -65,10 +66,20 @@ class Worker:
             ReportTraffic: (self.sync_fabric, self.consume_traffic),
         }
 
+    def expire_leases(self) -> set[str]:
+        """Fail placed jobs whose heartbeat lease ran out (freeing their servers)."""
+        expired = set()
+        for lease in expired_leases(self.store.leased_jobs(), time.time()):
+            if self.store.expire_lease(lease):
+                log.warning("job lease expired", extra={"job_id": lease.job_id})
+                expired.add(lease.job_id)
+        return expired
+
     def handle(self, messages: list[Message]) -> None:
         """One pass over the current state, whatever woke us."""
         reason = "reconcile"
-        if any(isinstance(m, CompleteJob) for m in messages):
+        expired = self.expire_leases()
+        if expired or any(isinstance(m, CompleteJob) for m in messages):
             reason = "completion"
         elif any(isinstance(m, AdmitJob) for m in messages):
             reason = "arrival"
@@ -87,6 +98,7 @@ class Worker:
 
     def admit(self, reason: str, changed: set[str]) -> None:
         """Serve the queue; launchers waiting for placement hear of it before the fabric."""
+        expired = self.expire_leases()  # lapsed leases free servers before admission
         start = time.perf_counter()
         result = schedule(
             self.store,
@@ -98,7 +110,7 @@ class Worker:
         self.metrics.placement_seconds.observe(time.perf_counter() - start)
         self.metrics.jobs_placed.inc(len(result.placed))
         self.metrics.decisions.labels("placement").inc(len(result.decision_seqs))
-        placed = set(result.placed) | set(result.examined) | changed
+        placed = set(result.placed) | set(result.examined) | changed | expired
         if placed:
             self.bus.announce(JobsChanged(tuple(sorted(placed))))
         changed.clear()

@@ -8,6 +8,7 @@ extra pass, never a wrong placement.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from functools import partial
 
@@ -81,6 +82,8 @@ def schedule(
             policy,
             backfill=backfill,
             place=partial(place_job, aggregator_free_gbps=agg_free),
+            now=time.time(),
+            busy_until=snapshot.busy_until,
         )
         try:
             seqs = store.record_admission(

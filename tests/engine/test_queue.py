@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from app.engine.cluster import build_cluster, preset
 from app.engine.job import Job, Parallelism, Placement
 from app.engine.placement import place_job
-from app.engine.queue import QueuePolicy, admit_queued, order_queue
+from app.engine.queue import QueuePolicy, admit_queued, order_queue, reserved_start
 
 CLUSTER = build_cluster(
     "q",
@@ -137,3 +137,98 @@ def test_no_backfill_stops_at_head() -> None:
     admission = admit_queued(seed, free, [head, small], QueuePolicy.FIFO)
     assert admission.reserved_for == "head"
     assert [p.job_id for p in admission.placements] == ["small"]
+
+
+timed_jobs = st.builds(
+    lambda i, dp, pp, ep, walltime: Job(
+        f"job-{i}", Parallelism(dp=dp, pp=pp, ep=ep), submitted_order=i, walltime_s=walltime
+    ),
+    st.integers(0, 10_000),
+    st.integers(1, 8),
+    st.integers(1, 3),
+    st.integers(1, 3),
+    st.one_of(st.none(), st.floats(1, 500)),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(timed_jobs, min_size=1, max_size=10, unique_by=lambda j: j.job_id),
+    st.sampled_from(list(QueuePolicy)),
+    st.data(),
+)
+def test_easy_backfill_never_delays_the_reserved_start(
+    queue: list[Job], policy: QueuePolicy, data: st.DataObject
+) -> None:
+    now = 1000.0
+    free = set(data.draw(st.lists(st.sampled_from(CLUSTER.server_ids), unique=True)))
+    busy = [s for s in CLUSTER.server_ids if s not in free]
+    # Running jobs' expected ends; a server missing here runs a job with no estimate.
+    busy_until = {
+        s: now + data.draw(st.floats(0, 400))
+        for s in busy
+        if data.draw(st.booleans(), label=f"estimate {s}") or len(busy) < 4
+    }
+    admission = admit_queued(CLUSTER, free, queue, policy, now=now, busy_until=busy_until)
+    head = admission.reserved_for
+    if head is None:
+        return
+    reserved = admission.reserved_servers
+    by_id = {j.job_id: j for j in queue}
+    rank = {j.job_id: i for i, j in enumerate(order_queue(queue, policy))}
+    ends = dict(busy_until)
+    free_at_head = set(free)
+    for p in admission.placements:
+        walltime = by_id[p.job_id].walltime_s
+        if rank[p.job_id] < rank[head]:  # started before the head blocked: it runs as usual
+            free_at_head -= set(p.servers)
+            ends.update({s: now + walltime for s in p.servers} if walltime else {})
+    assert admission.reserved_start == reserved_start(reserved, free_at_head, ends, now)
+    still_free = set(free_at_head)
+    for p in admission.placements:
+        if rank[p.job_id] < rank[head] or not reserved & set(p.servers):
+            continue
+        # Only a job that states its runtime and ends by the reserved start uses the reservation.
+        walltime = by_id[p.job_id].walltime_s
+        assert walltime is not None and admission.reserved_start is not None
+        assert now + walltime <= admission.reserved_start
+        ends.update({s: now + walltime for s in p.servers})
+        still_free -= set(p.servers)
+    assert reserved_start(reserved, still_free, ends, now) == admission.reserved_start
+    head_job = by_id[head]
+    assert isinstance(place_job(CLUSTER, reserved, head_job), Placement)
+
+
+def test_easy_backfill_admits_a_short_job_inside_the_reservation() -> None:
+    # One pod of 2 ToRs x 5 servers. A running job holds 6 servers until t=100;
+    # the head needs all 10. A 2-server job of 50 s fits before the head's start,
+    # one of 500 s or with no estimate does not.
+    cluster = build_cluster(
+        "one",
+        pods=1,
+        tors_per_pod=2,
+        servers_per_tor=5,
+        uplink_ports_per_pod=4,
+        oxcs=1,
+        oxc_ports=8,
+    )
+    servers = list(cluster.server_ids)
+    free = set(servers[:4])
+    busy_until = {s: 100.0 for s in servers[4:]}
+    head = Job("head", Parallelism(dp=10, pp=1), submitted_order=0)
+    long = Job("long", Parallelism(dp=2, pp=1), submitted_order=1, walltime_s=500.0)
+    unknown = Job("unknown", Parallelism(dp=2, pp=1), submitted_order=2)
+    short = Job("short", Parallelism(dp=2, pp=1), submitted_order=3, walltime_s=50.0)
+    admission = admit_queued(
+        cluster,
+        free,
+        [head, long, unknown, short],
+        QueuePolicy.FIFO,
+        now=0.0,
+        busy_until=busy_until,
+    )
+    assert admission.reserved_for == "head" and admission.reserved_start == 100.0
+    assert [p.job_id for p in admission.placements] == ["short"]
+    # Without runtime estimates of the running job the reservation is spatial only.
+    spatial = admit_queued(cluster, free, [head, short], QueuePolicy.FIFO, now=0.0)
+    assert spatial.placements == () and spatial.reserved_start is None

@@ -1,30 +1,65 @@
-"""Job lifecycle: arrival, status (with long-poll), listing, completion."""
+"""Job lifecycle: arrival, status (with long-poll), listing, and its endings.
+
+A job ends once: completed (its command exited 0), failed (a non-zero exit,
+or a heartbeat lease that ran out), or cancelled (DELETE). Every ending frees
+the job's servers in the same transaction and is idempotent: asking for the
+ending a job already has answers 200 with the job unchanged; asking for a
+different one answers 409 with the job's state.
+"""
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import json
 import time
 from typing import Annotated, Any, Literal
+from urllib.parse import quote
 
-from fastapi import APIRouter, Path, Query
+from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
+from app.engine.job import JobState
+from app.engine.job_lease import JobLease, lease_deadline
 from app.engine.placement import never_fits
 from app.store import JobRecord
 from app.store.mapping import job_from_body
 
 from ..deps import Services, ServicesDep, require
 from ..problems import Problem
-from ..schemas import JOB_ID_PATTERN, JobIn, JobListOut, JobOut
+from ..schemas import JOB_ID_PATTERN, FailIn, JobIn, JobListOut, JobOut
 from .advice import refuse_if_out_of_memory
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
-JobIdPath = Annotated[str, Path(pattern=JOB_ID_PATTERN, description="the launcher's job id")]
-_STATE_RANK = {"queued": 0, "placed": 1, "completed": 2, "failed": 2}
+JobIdPath = Annotated[
+    str,
+    Path(
+        pattern=JOB_ID_PATTERN,
+        description="the launcher's job id (raw or percent-encoded; never contains /)",
+    ),
+]
+_STATE_RANK = {"queued": 0, "placed": 1, "completed": 2, "failed": 2, "cancelled": 2}
 _PROBLEMS = {"application/problem+json": {"schema": {"$ref": "#/components/schemas/Problem"}}}
+_ENDING_RESPONSES: dict[int | str, dict[str, Any]] = {
+    403: {"description": "a launcher token that did not submit this job", "content": _PROBLEMS},
+    404: {"description": "unknown job", "content": _PROBLEMS},
+    409: {"description": "the job already ended differently", "content": _PROBLEMS},
+}
+
+
+def job_location(job_id: str) -> str:
+    """The job's URL path, as the `Location` header of 201/202 carries it."""
+    return "/v1/jobs/" + quote(job_id, safe=":@+")
+
+
+def token_owner(request: Request) -> str | None:
+    """A fingerprint of the caller's bearer token (never the token itself); None without one."""
+    scheme, _, presented = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not presented.strip():
+        return None
+    return hashlib.sha256(presented.strip().encode()).hexdigest()[:32]
 
 
 def _iso(value: Any) -> str | None:
@@ -34,6 +69,15 @@ def _iso(value: Any) -> str | None:
 def render_job(record: JobRecord) -> dict[str, Any]:
     """The `GET /v1/jobs/{id}` body for a stored job."""
     body = record.body
+    expires = None
+    if record.lease_s is not None and record.state == "placed" and record.placed_at is not None:
+        lease = JobLease(
+            record.job_id,
+            record.lease_s,
+            record.placed_at.timestamp(),
+            record.heartbeat_at.timestamp() if record.heartbeat_at is not None else None,
+        )
+        expires = dt.datetime.fromtimestamp(lease_deadline(lease), dt.UTC)
     return {
         "job_id": record.job_id,
         "state": record.state,
@@ -47,6 +91,11 @@ def render_job(record: JobRecord) -> dict[str, Any]:
         "placement": record.placement,
         "collective": _public_collective(record.collective),
         "network": (record.collective or {}).get("network") if record.state == "placed" else None,
+        "exit_code": record.exit_code,
+        "end_reason": record.end_reason,
+        "lease_s": record.lease_s,
+        "lease_expires_at": _iso(expires),
+        "walltime_s": body.get("walltime_s"),
     }
 
 
@@ -76,20 +125,28 @@ async def wait_for_job(
         poll_s = min(poll_s * 2, 0.5)
 
 
+_LOCATION = {"Location": {"description": "the job's URL", "schema": {"type": "string"}}}
+
+
 @router.post(
     "",
     status_code=201,
     response_model=JobOut,
     summary="A job arrives",
+    operation_id="submitJob",
     responses={
         200: {"model": JobOut, "description": "this job_id exists with the same body"},
-        202: {"model": JobOut, "description": "accepted and queued"},
+        201: {"description": "placed at once", "headers": _LOCATION},
+        202: {"model": JobOut, "description": "accepted and queued", "headers": _LOCATION},
         409: {"description": "this job_id exists with a different body", "content": _PROBLEMS},
         422: {"description": "invalid, or can never fit this cluster", "content": _PROBLEMS},
     },
 )
 async def submit_job(
-    job: JobIn, services: ServicesDep, _scope: Annotated[Any, require("launcher")]
+    job: JobIn,
+    request: Request,
+    services: ServicesDep,
+    _scope: Annotated[Any, require("launcher")],
 ) -> JSONResponse:
     """Submit a job; 201 if placed at once, 202 if queued, idempotent by `job_id`.
 
@@ -121,6 +178,7 @@ async def submit_job(
         servers_needed=engine_job.servers_needed,
         priority=job.priority,
         deadline=body.get("deadline"),
+        owner=token_owner(request) if _scope is not None else None,
     )
     if not created:
         if record.body_hash != digest:
@@ -139,13 +197,18 @@ async def submit_job(
         services.settings.admit_wait_s,
     )
     assert settled is not None
-    return JSONResponse(render_job(settled), status_code=201 if settled.state == "placed" else 202)
+    return JSONResponse(
+        render_job(settled),
+        status_code=201 if settled.state == "placed" else 202,
+        headers={"Location": job_location(job.job_id)},
+    )
 
 
 @router.get(
     "/{job_id}",
     response_model=JobOut,
     summary="A job's state, optionally long-polled",
+    operation_id="getJob",
     responses={404: {"description": "unknown job", "content": _PROBLEMS}},
 )
 async def get_job(
@@ -153,8 +216,12 @@ async def get_job(
     services: ServicesDep,
     _scope: Annotated[Any, require("launcher")],
     wait_for: Annotated[
-        Literal["placed", "completed", "failed"] | None,
-        Query(description="answer as soon as the job reaches this state (or later)"),
+        Literal["placed", "completed", "failed", "cancelled"] | None,
+        Query(
+            description="answer as soon as the job reaches this state or later (any ended "
+            "state counts for completed, failed and cancelled); may answer earlier, at "
+            "timeout_s, with the state then: loop until the state or your own deadline"
+        ),
     ] = None,
     timeout_s: Annotated[float, Query(ge=0, le=300, allow_inf_nan=False)] = 30.0,
 ) -> Response:
@@ -181,11 +248,13 @@ async def get_job(
     return JSONResponse(render_job(record))
 
 
-@router.get("", response_model=JobListOut, summary="Jobs, optionally by state")
+@router.get(
+    "", response_model=JobListOut, summary="Jobs, optionally by state", operation_id="listJobs"
+)
 async def list_jobs(
     services: ServicesDep,
     _scope: Annotated[Any, require("launcher")],
-    state: Literal["queued", "placed", "completed", "failed"] | None = None,
+    state: Literal["queued", "placed", "completed", "failed", "cancelled"] | None = None,
     after: Annotated[int, Query(ge=0, description="submission order to start after")] = 0,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> JSONResponse:
@@ -197,19 +266,146 @@ async def list_jobs(
     return JSONResponse({"jobs": [render_job(r) for r in records], "next": next_after})
 
 
+async def _check_owner(
+    services: Services, request: Request, scope: str | None, job_id: str
+) -> None:
+    """404 for an unknown job; 403 when a launcher token ends a job another token submitted."""
+    record = await run_in_threadpool(services.store.get_job, job_id)
+    if record is None:
+        raise Problem(404, "Not found", f"no job {job_id}", kind="unknown-job")
+    if scope not in (None, "operator") and record.owner not in (None, token_owner(request)):
+        raise Problem(
+            403, "Forbidden", f"job {job_id} was submitted with another token", kind="not-owner"
+        )
+
+
+async def _end(
+    services: Services,
+    request: Request,
+    scope: str | None,
+    job_id: str,
+    state: JobState,
+    *,
+    from_states: tuple[JobState, ...] = (JobState.QUEUED, JobState.PLACED),
+    exit_code: int | None = None,
+    reason: str | None = None,
+) -> JSONResponse:
+    """End a job once (see the module doc); launcher tokens may end only their own jobs."""
+    await _check_owner(services, request, scope, job_id)
+    record = await run_in_threadpool(
+        services.store.end_job,
+        job_id,
+        state,
+        from_states=from_states,
+        exit_code=exit_code,
+        reason=reason,
+    )
+    services.read_cache.invalidate([job_id])
+    assert record is not None
+    if record.state != state.value:
+        if record.state == JobState.QUEUED.value:
+            detail = f"job {job_id} is queued and never ran; DELETE /v1/jobs/{job_id} cancels it"
+        else:
+            detail = f"job {job_id} already ended: {record.state}"
+        raise Problem(
+            409, "Job state conflict", detail, kind="job-state", extra={"job": render_job(record)}
+        )
+    services.extras["kick_relay"]()
+    return JSONResponse(render_job(record))
+
+
 @router.post(
     "/{job_id}/complete",
     response_model=JobOut,
     summary="A job finished",
-    responses={404: {"description": "unknown job", "content": _PROBLEMS}},
+    operation_id="completeJob",
+    responses=_ENDING_RESPONSES,
 )
 async def complete_job(
-    job_id: JobIdPath, services: ServicesDep, _scope: Annotated[Any, require("launcher")]
+    job_id: JobIdPath,
+    request: Request,
+    services: ServicesDep,
+    scope: Annotated[Any, require("launcher")],
 ) -> JSONResponse:
-    """Free the job's servers, ports and aggregators and let queued jobs in. Idempotent."""
-    record = await run_in_threadpool(services.store.complete_job, job_id)
+    """Free the placed job's servers, ports and aggregators and let queued jobs in.
+
+    Idempotent. A queued job cannot complete (409: cancel it with DELETE).
+    """
+    return await _end(
+        services, request, scope, job_id, JobState.COMPLETED, from_states=(JobState.PLACED,)
+    )
+
+
+@router.delete(
+    "/{job_id}",
+    response_model=JobOut,
+    summary="Cancel a queued or placed job",
+    operation_id="cancelJob",
+    responses=_ENDING_RESPONSES,
+)
+async def cancel_job(
+    job_id: JobIdPath,
+    request: Request,
+    services: ServicesDep,
+    scope: Annotated[Any, require("launcher")],
+) -> JSONResponse:
+    """State `cancelled`; a placed job's servers, ports and aggregators are freed. Idempotent."""
+    return await _end(services, request, scope, job_id, JobState.CANCELLED, reason="cancelled")
+
+
+@router.post(
+    "/{job_id}/fail",
+    response_model=JobOut,
+    summary="A job's command failed",
+    operation_id="failJob",
+    responses=_ENDING_RESPONSES,
+)
+async def fail_job(
+    job_id: JobIdPath,
+    body: FailIn,
+    request: Request,
+    services: ServicesDep,
+    scope: Annotated[Any, require("launcher")],
+) -> JSONResponse:
+    """State `failed` with the exit code and reason; resources freed. Idempotent (the first
+    exit code and reason stay)."""
+    return await _end(
+        services,
+        request,
+        scope,
+        job_id,
+        JobState.FAILED,
+        exit_code=body.exit_code,
+        reason=body.reason or (f"exit {body.exit_code}" if body.exit_code is not None else None),
+    )
+
+
+@router.post(
+    "/{job_id}/heartbeat",
+    response_model=JobOut,
+    summary="The launcher is alive: renew the job's lease",
+    operation_id="heartbeatJob",
+    responses=_ENDING_RESPONSES,
+)
+async def heartbeat_job(
+    job_id: JobIdPath,
+    request: Request,
+    services: ServicesDep,
+    scope: Annotated[Any, require("launcher")],
+) -> JSONResponse:
+    """Renews `lease_s` from now. 409 once the job ended (e.g. its lease ran out, or an operator
+    cancelled it): the launcher should stop its command."""
+    await _check_owner(services, request, scope, job_id)
+    record = await run_in_threadpool(services.store.heartbeat_job, job_id)
     services.read_cache.invalidate([job_id])
-    if record is None:
-        raise Problem(404, "Not found", f"no job {job_id}", kind="unknown-job")
-    services.extras["kick_relay"]()
+    assert record is not None
+    if JobState(record.state).ended:
+        raise Problem(
+            409,
+            "Job state conflict",
+            f"job {job_id} already ended: {record.state}"
+            + (f" ({record.end_reason})" if record.end_reason else ""),
+            kind="job-state",
+            extra={"job": render_job(record)},
+        )
     return JSONResponse(render_job(record))

@@ -1,0 +1,495 @@
+"""Sync and async clients of the Lightpath REST API (httpx is the only dependency).
+
+Both clients share one description of every call (`_Calls`), so they differ only
+in how they wait: retries with exponential backoff and jitter on connection
+errors and 502/503/504 (every Lightpath call is idempotent: jobs by `job_id`,
+traffic batches by an `Idempotency-Key` the client sets), and long-poll loops
+that re-ask until the state or the caller's deadline, since a server-side
+long-poll may answer early.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+from urllib.parse import quote
+
+import httpx
+
+from ._exceptions import TransportError, WaitTimeout, problem_from_response
+from ._models import (
+    Advice,
+    ClusterState,
+    Decision,
+    DecisionPage,
+    Job,
+    JobPage,
+    Prediction,
+    TrafficAccepted,
+    state_reached,
+)
+
+T = TypeVar("T")
+DEFAULT_URL = "http://127.0.0.1:8080"
+RETRY_STATUSES = frozenset({502, 503, 504})
+Progress = Callable[[Job, float], None]  # (job, seconds waited so far)
+
+
+def _raw(body: Any) -> Any:
+    return body
+
+
+@dataclass(frozen=True, slots=True)
+class Call(Generic[T]):
+    """One HTTP request and how to read its answer."""
+
+    method: str
+    path: str
+    parse: Callable[[Any], T]
+    params: dict[str, Any] | None = None
+    json: Any = None
+    headers: dict[str, str] | None = None
+    timeout_s: float | None = None
+
+
+def job_path(job_id: str) -> str:
+    return "/v1/jobs/" + quote(job_id, safe="")
+
+
+def job_body(
+    job_id: str,
+    *,
+    dp: int,
+    pp: int,
+    ep: int = 1,
+    lease_s: float | None = None,
+    walltime_s: float | None = None,
+    **fields: Any,
+) -> dict[str, Any]:
+    """A `POST /v1/jobs` body; None-valued optional fields are left out."""
+    body: dict[str, Any] = {"job_id": job_id, "parallelism": {"dp": dp, "pp": pp, "ep": ep}}
+    extra = {"lease_s": lease_s, "walltime_s": walltime_s, **fields}
+    body.update({k: v for k, v in extra.items() if v is not None})
+    return body
+
+
+class _Calls:
+    """Every API call, described once for both clients."""
+
+    @staticmethod
+    def submit_job(body: dict[str, Any]) -> Call[Job]:
+        return Call("POST", "/v1/jobs", Job.from_dict, json=body)
+
+    @staticmethod
+    def get_job(job_id: str, wait_for: str | None = None, timeout_s: float = 0.0) -> Call[Job]:
+        if wait_for is None:
+            return Call("GET", job_path(job_id), Job.from_dict)
+        params = {"wait_for": wait_for, "timeout_s": round(max(0.0, min(timeout_s, 300.0)), 3)}
+        return Call("GET", job_path(job_id), Job.from_dict, params, timeout_s=timeout_s + 15)
+
+    @staticmethod
+    def list_jobs(state: str | None, after: int, limit: int) -> Call[JobPage]:
+        params: dict[str, Any] = {"after": after, "limit": limit}
+        if state is not None:
+            params["state"] = state
+        return Call("GET", "/v1/jobs", JobPage.from_dict, params)
+
+    @staticmethod
+    def complete_job(job_id: str) -> Call[Job]:
+        return Call("POST", job_path(job_id) + "/complete", Job.from_dict)
+
+    @staticmethod
+    def cancel_job(job_id: str) -> Call[Job]:
+        return Call("DELETE", job_path(job_id), Job.from_dict)
+
+    @staticmethod
+    def fail_job(job_id: str, exit_code: int | None, reason: str | None) -> Call[Job]:
+        body = {"exit_code": exit_code, "reason": reason}
+        return Call("POST", job_path(job_id) + "/fail", Job.from_dict, json=body)
+
+    @staticmethod
+    def heartbeat(job_id: str) -> Call[Job]:
+        return Call("POST", job_path(job_id) + "/heartbeat", Job.from_dict)
+
+    @staticmethod
+    def report_traffic(reports: list[dict[str, Any]], key: str | None) -> Call[TrafficAccepted]:
+        headers = {"Idempotency-Key": key or uuid.uuid4().hex}
+        return Call(
+            "POST",
+            "/v1/traffic",
+            TrafficAccepted.from_dict,
+            json={"reports": reports},
+            headers=headers,
+        )
+
+    @staticmethod
+    def advise_batch_size(body: dict[str, Any]) -> Call[Advice]:
+        return Call("POST", "/v1/advice/batch-size", Advice.from_dict, json=body)
+
+    @staticmethod
+    def cluster() -> Call[ClusterState]:
+        return Call("GET", "/v1/cluster", ClusterState.from_dict)
+
+    @staticmethod
+    def topology() -> Call[dict[str, Any]]:
+        return Call("GET", "/v1/topology", _raw)
+
+    @staticmethod
+    def decisions(after: int, limit: int) -> Call[DecisionPage]:
+        return Call(
+            "GET", "/v1/decisions", DecisionPage.from_dict, {"after": after, "limit": limit}
+        )
+
+    @staticmethod
+    def prediction(job_id: str) -> Call[Prediction]:
+        return Call("GET", "/v1/predictions/" + quote(job_id, safe=""), Prediction.from_dict)
+
+
+class _Base:
+    def __init__(
+        self,
+        url: str | None = None,
+        token: str | None = None,
+        *,
+        timeout_s: float = 30.0,
+        retries: int = 6,
+        backoff_s: float = 0.1,
+        max_backoff_s: float = 5.0,
+        poll_s: float = 30.0,
+    ) -> None:
+        self.url = (url or os.environ.get("LIGHTPATH_URL") or DEFAULT_URL).rstrip("/")
+        token = token if token is not None else os.environ.get("LIGHTPATH_TOKEN")
+        self.headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.headers["User-Agent"] = "lightpath-client"
+        self.timeout_s = timeout_s
+        self.retries = retries
+        self.backoff_s = backoff_s
+        self.max_backoff_s = max_backoff_s
+        self.poll_s = poll_s
+
+    def _delay(self, attempt: int, retry_after: str | None) -> float:
+        """Exponential backoff with full jitter; a numeric Retry-After wins (capped)."""
+        if retry_after is not None and retry_after.replace(".", "", 1).isdigit():
+            return min(float(retry_after), self.max_backoff_s)
+        return random.uniform(0.5, 1.0) * min(self.max_backoff_s, self.backoff_s * 2**attempt)
+
+    def _retry_after(self, response: httpx.Response | None, attempt: int) -> float | None:
+        """Seconds to wait before retrying, or None when this answer is final."""
+        if attempt >= self.retries:
+            return None
+        if response is None:
+            return self._delay(attempt, None)
+        if response.status_code in RETRY_STATUSES:
+            return self._delay(attempt, response.headers.get("retry-after"))
+        return None
+
+    @staticmethod
+    def _result(call: Call[T], response: httpx.Response) -> T:
+        if response.status_code >= 400:
+            try:
+                body = response.json()
+            except ValueError:
+                body = None
+            raise problem_from_response(response.status_code, body, response.text)
+        return call.parse(response.json())
+
+    def _request_args(self, call: Call[Any]) -> dict[str, Any]:
+        args: dict[str, Any] = {"params": call.params, "headers": call.headers}
+        if call.json is not None:
+            args["json"] = call.json
+        if call.timeout_s is not None:
+            args["timeout"] = call.timeout_s
+        return args
+
+
+def _unreachable(url: str, call: Call[Any], exc: Exception) -> TransportError:
+    return TransportError(f"{call.method} {url}{call.path}: {type(exc).__name__}: {exc}")
+
+
+class Client(_Base):
+    """The blocking client. `Client()` reads LIGHTPATH_URL and LIGHTPATH_TOKEN."""
+
+    def __init__(
+        self,
+        url: str | None = None,
+        token: str | None = None,
+        *,
+        transport: httpx.BaseTransport | None = None,
+        **options: Any,
+    ) -> None:
+        super().__init__(url, token, **options)
+        self.http = httpx.Client(
+            base_url=self.url, headers=self.headers, timeout=self.timeout_s, transport=transport
+        )
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.http.close()
+
+    def request(self, call: Call[T]) -> T:
+        """Send `call`, retrying connection errors and 502/503/504 with backoff."""
+        attempt = 0
+        while True:
+            try:
+                response = self.http.request(call.method, call.path, **self._request_args(call))
+            except httpx.TransportError as exc:
+                pause = self._retry_after(None, attempt)
+                if pause is None:
+                    raise _unreachable(self.url, call, exc) from exc
+            else:
+                pause = self._retry_after(response, attempt)
+                if pause is None:
+                    return self._result(call, response)
+            time.sleep(pause)
+            attempt += 1
+
+    def submit_job(self, job_id: str, *, dp: int, pp: int, ep: int = 1, **fields: Any) -> Job:
+        """Submit (idempotent by `job_id`); fields as in `POST /v1/jobs` (model, lease_s, ...)."""
+        return self.request(_Calls.submit_job(job_body(job_id, dp=dp, pp=pp, ep=ep, **fields)))
+
+    def get_job(self, job_id: str) -> Job:
+        return self.request(_Calls.get_job(job_id))
+
+    def list_jobs(self, state: str | None = None, after: int = 0, limit: int = 100) -> JobPage:
+        return self.request(_Calls.list_jobs(state, after, limit))
+
+    def iter_jobs(self, state: str | None = None, page_size: int = 500) -> Iterator[Job]:
+        after: int | None = 0
+        while after is not None:
+            page = self.list_jobs(state, after, page_size)
+            yield from page.jobs
+            after = page.next
+
+    def complete_job(self, job_id: str) -> Job:
+        return self.request(_Calls.complete_job(job_id))
+
+    def cancel_job(self, job_id: str) -> Job:
+        return self.request(_Calls.cancel_job(job_id))
+
+    def fail_job(self, job_id: str, exit_code: int | None = None, reason: str | None = None) -> Job:
+        return self.request(_Calls.fail_job(job_id, exit_code, reason))
+
+    def heartbeat(self, job_id: str) -> Job:
+        return self.request(_Calls.heartbeat(job_id))
+
+    def report_traffic(
+        self, reports: list[dict[str, Any]], idempotency_key: str | None = None
+    ) -> TrafficAccepted:
+        return self.request(_Calls.report_traffic(reports, idempotency_key))
+
+    def advise_batch_size(self, body: dict[str, Any]) -> Advice:
+        return self.request(_Calls.advise_batch_size(body))
+
+    def cluster(self) -> ClusterState:
+        return self.request(_Calls.cluster())
+
+    def topology(self) -> dict[str, Any]:
+        return self.request(_Calls.topology())
+
+    def decisions(self, after: int = 0, limit: int = 100) -> DecisionPage:
+        return self.request(_Calls.decisions(after, limit))
+
+    def prediction(self, job_id: str) -> Prediction:
+        return self.request(_Calls.prediction(job_id))
+
+    def wait_for(
+        self,
+        job_id: str,
+        state: str = "placed",
+        *,
+        timeout_s: float | None = None,
+        on_progress: Progress | None = None,
+    ) -> Job:
+        """Long-poll until the job reaches `state` (or later); WaitTimeout at the deadline."""
+        waiter = _Waiter(job_id, state, timeout_s, self.poll_s)
+        while True:
+            call = waiter.next_call()
+            if call is None:
+                raise waiter.timeout()
+            job = self.request(call)
+            if waiter.done(job, on_progress):
+                return job
+            time.sleep(waiter.pause())
+
+    def follow_decisions(self, after: int = 0, poll_s: float = 1.0) -> Iterator[Decision]:
+        """Every decision after `after`, forever (polls when caught up)."""
+        while True:
+            page = self.decisions(after, 1000)
+            yield from page.decisions
+            after = page.next
+            if not page.decisions:
+                time.sleep(poll_s)
+
+
+class AsyncClient(_Base):
+    """The asyncio client; the same calls as `Client`, awaited."""
+
+    def __init__(
+        self,
+        url: str | None = None,
+        token: str | None = None,
+        *,
+        transport: httpx.AsyncBaseTransport | None = None,
+        **options: Any,
+    ) -> None:
+        super().__init__(url, token, **options)
+        self.http = httpx.AsyncClient(
+            base_url=self.url, headers=self.headers, timeout=self.timeout_s, transport=transport
+        )
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *_exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self.http.aclose()
+
+    async def request(self, call: Call[T]) -> T:
+        attempt = 0
+        while True:
+            try:
+                response = await self.http.request(
+                    call.method, call.path, **self._request_args(call)
+                )
+            except httpx.TransportError as exc:
+                pause = self._retry_after(None, attempt)
+                if pause is None:
+                    raise _unreachable(self.url, call, exc) from exc
+            else:
+                pause = self._retry_after(response, attempt)
+                if pause is None:
+                    return self._result(call, response)
+            await asyncio.sleep(pause)
+            attempt += 1
+
+    async def submit_job(self, job_id: str, *, dp: int, pp: int, ep: int = 1, **fields: Any) -> Job:
+        return await self.request(
+            _Calls.submit_job(job_body(job_id, dp=dp, pp=pp, ep=ep, **fields))
+        )
+
+    async def get_job(self, job_id: str) -> Job:
+        return await self.request(_Calls.get_job(job_id))
+
+    async def list_jobs(
+        self, state: str | None = None, after: int = 0, limit: int = 100
+    ) -> JobPage:
+        return await self.request(_Calls.list_jobs(state, after, limit))
+
+    async def iter_jobs(self, state: str | None = None, page_size: int = 500) -> AsyncIterator[Job]:
+        after: int | None = 0
+        while after is not None:
+            page = await self.list_jobs(state, after, page_size)
+            for job in page.jobs:
+                yield job
+            after = page.next
+
+    async def complete_job(self, job_id: str) -> Job:
+        return await self.request(_Calls.complete_job(job_id))
+
+    async def cancel_job(self, job_id: str) -> Job:
+        return await self.request(_Calls.cancel_job(job_id))
+
+    async def fail_job(
+        self, job_id: str, exit_code: int | None = None, reason: str | None = None
+    ) -> Job:
+        return await self.request(_Calls.fail_job(job_id, exit_code, reason))
+
+    async def heartbeat(self, job_id: str) -> Job:
+        return await self.request(_Calls.heartbeat(job_id))
+
+    async def report_traffic(
+        self, reports: list[dict[str, Any]], idempotency_key: str | None = None
+    ) -> TrafficAccepted:
+        return await self.request(_Calls.report_traffic(reports, idempotency_key))
+
+    async def advise_batch_size(self, body: dict[str, Any]) -> Advice:
+        return await self.request(_Calls.advise_batch_size(body))
+
+    async def cluster(self) -> ClusterState:
+        return await self.request(_Calls.cluster())
+
+    async def topology(self) -> dict[str, Any]:
+        return await self.request(_Calls.topology())
+
+    async def decisions(self, after: int = 0, limit: int = 100) -> DecisionPage:
+        return await self.request(_Calls.decisions(after, limit))
+
+    async def prediction(self, job_id: str) -> Prediction:
+        return await self.request(_Calls.prediction(job_id))
+
+    async def wait_for(
+        self,
+        job_id: str,
+        state: str = "placed",
+        *,
+        timeout_s: float | None = None,
+        on_progress: Progress | None = None,
+    ) -> Job:
+        waiter = _Waiter(job_id, state, timeout_s, self.poll_s)
+        while True:
+            call = waiter.next_call()
+            if call is None:
+                raise waiter.timeout()
+            job = await self.request(call)
+            if waiter.done(job, on_progress):
+                return job
+            await asyncio.sleep(waiter.pause())
+
+
+class _Waiter:
+    """The long-poll loop's bookkeeping, shared by both clients."""
+
+    def __init__(self, job_id: str, state: str, timeout_s: float | None, poll_s: float) -> None:
+        if state not in ("placed", "completed", "failed", "cancelled"):
+            raise ValueError(f"cannot wait for state {state!r}")
+        self.job_id = job_id
+        self.state = state
+        self.started = time.monotonic()
+        self.deadline = None if timeout_s is None else self.started + timeout_s
+        self.poll_s = poll_s
+        self.last: Job | None = None
+        self.asked_at = self.started
+        self.asked_for = 0.0
+
+    def next_call(self) -> Call[Job] | None:
+        """The next long-poll, or None once the deadline has passed."""
+        now = time.monotonic()
+        wait = self.poll_s
+        if self.deadline is not None:
+            if now >= self.deadline and self.last is not None:
+                return None
+            wait = max(0.0, min(wait, self.deadline - now))
+        self.asked_at, self.asked_for = now, wait
+        return _Calls.get_job(self.job_id, self.state, wait)
+
+    def done(self, job: Job, on_progress: Progress | None) -> bool:
+        self.last = job
+        if state_reached(job.state, self.state):
+            return True
+        if on_progress is not None:
+            on_progress(job, time.monotonic() - self.started)
+        return False
+
+    def pause(self) -> float:
+        """A server that answered a long-poll well before its timeout is not hammered."""
+        answered_in = time.monotonic() - self.asked_at
+        return 0.2 if answered_in < min(0.2, self.asked_for / 2) else 0.0
+
+    def timeout(self) -> WaitTimeout:
+        state = self.last.state if self.last else "unknown"
+        return WaitTimeout(
+            f"job {self.job_id} did not reach {self.state} in time (still {state})", self.last
+        )

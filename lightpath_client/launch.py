@@ -1,0 +1,332 @@
+"""`lightpath launch`: submit, wait for placement, run the command once per server, report.
+
+Node ranks follow Megatron-LM's default rank order (`tp-cp-ep-dp-pp`: tensor
+parallelism fastest, pipeline stage slowest). Lightpath keeps TP (and CP)
+inside one server of 8 GPUs, so the unit (stage, dp_rank, ep_rank) runs as
+
+    NODE_RANK = ep_rank + ep * (dp_rank + dp * stage)
+
+and global rank = NODE_RANK * GPUs per server + local rank, which is where
+Megatron-LM (`--tensor-model-parallel-size 8 --expert-model-parallel-size E
+--pipeline-model-parallel-size P`) puts that unit's ranks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ._client import Client, _Calls
+from ._exceptions import Conflict, LightpathError
+from ._models import Job, Unit
+
+RUNNERS = ("local", "ssh", "print")
+
+
+def node_rank(unit: Unit, dp: int, ep: int) -> int:
+    """Megatron-LM's default order: ep fastest, then dp, then pipeline stage."""
+    return unit.ep_rank + ep * (unit.dp_rank + dp * unit.stage)
+
+
+@dataclass(frozen=True, slots=True)
+class Rank:
+    """One server's share of the job: where it runs and the environment it gets."""
+
+    node_rank: int
+    unit: Unit
+    host: str
+    env: dict[str, str]
+
+
+def host_of(template: str, server: str) -> str:
+    """The host name of a Lightpath server id (`pod-0/tor-1/srv-3`) through `template`."""
+    parts = server.split("/")
+    fields = {"server": server, "pod": parts[0], "tor": parts[-2] if len(parts) > 1 else ""}
+    fields["srv"] = parts[-1]
+    return template.format(**fields)
+
+
+def plan_ranks(
+    job: Job,
+    *,
+    host_template: str,
+    master_addr: str | None,
+    master_port: int,
+    workdir: Path,
+    gpus_per_server: int = 8,
+) -> list[Rank]:
+    """Every rank's environment, in node-rank order; writes the hostfile and placement."""
+    units = sorted(job.units, key=lambda u: node_rank(u, job.dp, job.ep))
+    hosts = [host_of(host_template, u.server) for u in units]
+    workdir.mkdir(parents=True, exist_ok=True)
+    hostfile = workdir / "hostfile"
+    hostfile.write_text("".join(f"{h} slots={gpus_per_server}\n" for h in hosts))
+    placement = workdir / "placement.json"
+    placement.write_text(
+        json.dumps(
+            {
+                "job_id": job.job_id,
+                "units": [
+                    {
+                        "node_rank": i,
+                        "server": u.server,
+                        "host": h,
+                        "stage": u.stage,
+                        "dp_rank": u.dp_rank,
+                        "ep_rank": u.ep_rank,
+                    }
+                    for i, (u, h) in enumerate(zip(units, hosts, strict=True))
+                ],
+            },
+            indent=1,
+        )
+    )
+    common = {
+        "MASTER_ADDR": master_addr or hosts[0],
+        "MASTER_PORT": str(master_port),
+        "NNODES": str(len(units)),
+        "LIGHTPATH_JOB_ID": job.job_id,
+        "LIGHTPATH_HOSTFILE": str(hostfile),
+        "LIGHTPATH_PLACEMENT": str(placement),
+        "LIGHTPATH_GPUS_PER_SERVER": str(gpus_per_server),
+    }
+    return [
+        Rank(
+            i,
+            u,
+            h,
+            {
+                **common,
+                "NODE_RANK": str(i),
+                "LIGHTPATH_STAGE": str(u.stage),
+                "LIGHTPATH_DP_RANK": str(u.dp_rank),
+                "LIGHTPATH_EP_RANK": str(u.ep_rank),
+                "LIGHTPATH_SERVER": u.server,
+            },
+        )
+        for i, (u, h) in enumerate(zip(units, hosts, strict=True))
+    ]
+
+
+def shell_line(rank: Rank, command: Sequence[str], cwd: str) -> str:
+    """One rank as a shell command line (what `ssh` runs and `print` writes)."""
+    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(rank.env.items()))
+    return f"cd {shlex.quote(cwd)} && env {env} {shlex.join(command)}"
+
+
+def start_local(rank: Rank, command: Sequence[str], cwd: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        list(command), env={**os.environ, **rank.env}, cwd=cwd, start_new_session=True
+    )
+
+
+def start_ssh(rank: Rank, command: Sequence[str], cwd: str) -> subprocess.Popen[bytes]:
+    argv = ["ssh", "-o", "BatchMode=yes", rank.host, shell_line(rank, command, cwd)]
+    return subprocess.Popen(argv, start_new_session=True)
+
+
+STARTERS: dict[str, Callable[[Rank, Sequence[str], str], subprocess.Popen[bytes]]] = {
+    "local": start_local,
+    "ssh": start_ssh,
+}
+
+
+class Stop(Exception):
+    """SIGINT or SIGTERM reached the launcher."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _raise_stop(signum: int, _frame: object) -> None:
+    raise Stop(signum)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class Progress:
+    """The waiting line: rewritten in place on a terminal, one line per 10 s otherwise."""
+
+    def __init__(self, stream: Any = sys.stderr) -> None:
+        self.stream = stream
+        self.tty = bool(getattr(stream, "isatty", lambda: False)())
+        self.last = 0.0
+
+    def __call__(self, job: Job, waited_s: float) -> None:
+        line = f"[lightpath] {job.job_id}: {job.state} {waited_s:.0f}s"
+        if job.queue_reason:
+            line += f" ({job.queue_reason})"
+        if self.tty:
+            self.stream.write("\r\033[K" + line)
+            self.stream.flush()
+        elif time.monotonic() - self.last >= 10:
+            self.last = time.monotonic()
+            self.stream.write(line + "\n")
+            self.stream.flush()
+
+    def done(self, message: str) -> None:
+        self.stream.write(("\r\033[K" if self.tty else "") + f"[lightpath] {message}\n")
+        self.stream.flush()
+
+
+class Heartbeat(threading.Thread):
+    """Renews the job's lease; notices when the server ended the job (409)."""
+
+    def __init__(self, client: Client, job_id: str, every_s: float) -> None:
+        super().__init__(name="lightpath-heartbeat", daemon=True)
+        self.client = client
+        self.job_id = job_id
+        self.every_s = every_s
+        self.stop = threading.Event()
+        self.ended: Job | None = None
+
+    def run(self) -> None:
+        while not self.stop.wait(self.every_s):
+            try:
+                self.client.heartbeat(self.job_id)
+            except Conflict as exc:
+                job = exc.body.get("job")
+                self.ended = Job.from_dict(job) if isinstance(job, dict) else None
+                return
+            except LightpathError as exc:
+                print(f"[lightpath] heartbeat failed: {exc}", file=sys.stderr)
+
+
+def _terminate(procs: Sequence[subprocess.Popen[bytes]], grace_s: float) -> None:
+    """SIGTERM every rank's process group, then SIGKILL what is left after `grace_s`."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for p in procs:
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, sig)
+                except ProcessLookupError:
+                    pass
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline and any(p.poll() is None for p in procs):
+            time.sleep(0.05)
+    for p in procs:
+        p.wait()
+
+
+def supervise(
+    procs: Sequence[subprocess.Popen[bytes]], heartbeat: Heartbeat | None, grace_s: float
+) -> tuple[int, int | None]:
+    """Wait for the ranks: (exit status, index of the first failing rank or None).
+
+    The first rank to exit non-zero stops the others; so does the server ending
+    the job (operator cancel, lease expiry), reported as status 1.
+    """
+    while True:
+        codes = [p.poll() for p in procs]
+        failed = next((i for i, c in enumerate(codes) if c not in (None, 0)), None)
+        if failed is not None:
+            _terminate(procs, grace_s)
+            return int(codes[failed]), failed  # type: ignore[arg-type]
+        if all(c == 0 for c in codes):
+            return 0, None
+        if heartbeat is not None and heartbeat.ended is not None:
+            _terminate(procs, grace_s)
+            return 1, None
+        time.sleep(0.05)
+
+
+def launch(
+    client: Client,
+    body: Mapping[str, Any],
+    command: Sequence[str],
+    *,
+    runner: str = "local",
+    host_template: str = "{server}",
+    master_port: int | None = None,
+    workdir: Path | None = None,
+    wait_timeout_s: float | None = None,
+    grace_s: float = 10.0,
+    heartbeat_s: float | None = None,
+    out: Any = sys.stdout,
+) -> int:
+    """The whole `lightpath launch`; returns the launcher's exit status."""
+    job_id = str(body["job_id"])
+    progress = Progress()
+    previous = {s: signal.signal(s, _raise_stop) for s in (signal.SIGINT, signal.SIGTERM)}
+    procs: list[subprocess.Popen[bytes]] = []
+    heartbeat: Heartbeat | None = None
+    try:
+        job = client.request(_Calls.submit_job(dict(body)))
+        if not job.ended and job.state != "placed":
+            job = client.wait_for(job_id, "placed", timeout_s=wait_timeout_s, on_progress=progress)
+        if job.state != "placed":
+            progress.done(f"{job_id} is {job.state}; nothing to run")
+            return 1
+        progress.done(f"{job_id} placed on {len(job.units)} servers")
+        cwd = os.getcwd()
+        local = runner == "local"
+        ranks = plan_ranks(
+            job,
+            host_template=host_template,
+            master_addr="127.0.0.1" if local else None,
+            master_port=master_port or (free_port() if local else 29500),
+            workdir=workdir or Path(cwd) / ".lightpath" / "launch" / _safe(job_id),
+        )
+        if runner == "print":
+            for rank in ranks:
+                out.write(f"{rank.host}\t{shell_line(rank, command, cwd)}\n")
+            out.flush()
+            progress.done(
+                f"{job_id} stays placed: complete or fail it when the ranks end "
+                f"(hostfile {ranks[0].env['LIGHTPATH_HOSTFILE']})"
+            )
+            return 0
+        lease = job.lease_s
+        every = heartbeat_s or (max(0.5, lease / 3) if lease else 30.0)
+        heartbeat = Heartbeat(client, job_id, every)
+        heartbeat.start()
+        procs.extend(STARTERS[runner](rank, command, cwd) for rank in ranks)
+        status, failed = supervise(procs, heartbeat, grace_s)
+        heartbeat.stop.set()
+        if heartbeat.ended is not None:
+            ended = heartbeat.ended
+            progress.done(f"{job_id} was ended by the server: {ended.state} ({ended.end_reason})")
+            return 1
+        if status == 0:
+            client.complete_job(job_id)
+            progress.done(f"{job_id} completed")
+            return 0
+        reason = f"rank {failed} exited {status}" if failed is not None else "exited"
+        client.fail_job(job_id, exit_code=max(-255, min(255, status)), reason=reason)
+        progress.done(f"{job_id} failed: {reason}")
+        return status if 0 < status < 256 else 128 + abs(status)
+    except Stop as stop:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        _terminate(procs, grace_s)
+        try:
+            client.cancel_job(job_id)
+        except Conflict:
+            pass  # it had already ended
+        progress.done(f"{job_id} cancelled ({stop})")
+        return 128 + stop.signum
+    finally:
+        if heartbeat is not None:
+            heartbeat.stop.set()
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def _safe(job_id: str) -> str:
+    return "".join(c if c.isalnum() or c in "._-" else "_" for c in job_id)

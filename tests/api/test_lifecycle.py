@@ -1,0 +1,208 @@
+"""Job endings over real HTTP: cancel, fail, heartbeat leases, ownership, addressable ids."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from pydantic import SecretStr
+
+from app.api.schemas import JOB_ID_PATTERN
+from app.settings import Settings
+from tests.support import LiveServer
+
+SMALL_SERVERS = 32
+
+
+def job(job_id: str, dp: int = 2, pp: int = 2, **extra: Any) -> dict[str, Any]:
+    return {"job_id": job_id, "parallelism": {"dp": dp, "pp": pp, "ep": 1}, **extra}
+
+
+def free_servers(c: httpx.Client) -> int:
+    return int(c.get("/v1/cluster").json()["summary"]["free_servers"])
+
+
+def test_delete_cancels_placed_and_queued_jobs(server: LiveServer) -> None:
+    with server.client() as c:
+        placed = c.post("/v1/jobs", json=job("big", dp=16, pp=2))
+        assert placed.status_code == 201
+        assert placed.headers["location"] == "/v1/jobs/big"
+        queued = c.post("/v1/jobs", json=job("waiting", dp=4, pp=1))
+        assert queued.status_code == 202 and queued.headers["location"] == "/v1/jobs/waiting"
+        small = c.post("/v1/jobs", json=job("small", dp=1, pp=1))
+        assert small.json()["state"] == "queued"
+
+        # A queued job leaves the queue; a job behind it is unaffected.
+        gone = c.delete("/v1/jobs/waiting")
+        assert gone.status_code == 200, gone.text
+        assert gone.json()["state"] == "cancelled" and gone.json()["completed_at"]
+        assert c.delete("/v1/jobs/waiting").json() == gone.json()  # idempotent
+        assert free_servers(c) == 0
+
+        # A placed job's servers are freed at once and the queue moves.
+        cancelled = c.delete("/v1/jobs/big")
+        assert cancelled.status_code == 200 and cancelled.json()["state"] == "cancelled"
+        assert cancelled.json()["end_reason"] == "cancelled"
+        admitted = c.get("/v1/jobs/small", params={"wait_for": "placed", "timeout_s": 20})
+        assert admitted.json()["state"] == "placed"
+        assert free_servers(c) == SMALL_SERVERS - 1
+        assert (
+            c.get("/v1/jobs/waiting", params={"wait_for": "placed", "timeout_s": 0.5}).json()[
+                "state"
+            ]
+            == "cancelled"
+        )
+        assert [
+            j["job_id"] for j in c.get("/v1/jobs", params={"state": "cancelled"}).json()["jobs"]
+        ] == ["big", "waiting"]
+
+        # Other endings of an ended job conflict, and say what the job is.
+        late = c.post("/v1/jobs/big/complete")
+        assert late.status_code == 409
+        assert late.headers["content-type"] == "application/problem+json"
+        assert late.json()["job"]["state"] == "cancelled"
+        assert c.post("/v1/jobs/big/fail", json={"exit_code": 1}).status_code == 409
+        assert c.delete("/v1/jobs/nope").status_code == 404
+
+
+def test_fail_records_the_exit_code_and_frees_servers(server: LiveServer) -> None:
+    with server.client() as c:
+        assert c.post("/v1/jobs", json=job("a")).status_code == 201
+        failed = c.post("/v1/jobs/a/fail", json={"exit_code": 137, "reason": "oom"})
+        assert failed.status_code == 200, failed.text
+        body = failed.json()
+        assert (body["state"], body["exit_code"], body["end_reason"]) == ("failed", 137, "oom")
+        assert free_servers(c) == SMALL_SERVERS
+        again = c.post("/v1/jobs/a/fail", json={"exit_code": 1, "reason": "other"})
+        assert again.status_code == 200 and again.json() == body  # the first ending stays
+        assert c.post("/v1/jobs/a/complete").status_code == 409
+        assert c.delete("/v1/jobs/a").status_code == 409
+        bad = c.post("/v1/jobs/a/fail", json={"exit_code": "137"})
+        assert bad.status_code == 422
+        assert (
+            c.get("/v1/jobs/a", params={"wait_for": "completed", "timeout_s": 5}).json()["state"]
+            == "failed"
+        )
+
+
+def test_a_queued_job_cannot_complete(server: LiveServer) -> None:
+    with server.client() as c:
+        assert c.post("/v1/jobs", json=job("big", dp=16, pp=2)).status_code == 201
+        assert c.post("/v1/jobs", json=job("q", dp=1, pp=1)).status_code == 202
+        r = c.post("/v1/jobs/q/complete")
+        assert r.status_code == 409 and "DELETE" in r.json()["detail"]
+        assert c.get("/v1/jobs/q").json()["state"] == "queued"
+
+
+def test_lease_expiry_frees_servers_and_admits_the_next_job(server: LiveServer) -> None:
+    with server.client() as c:
+        kept = c.post("/v1/jobs", json=job("kept", dp=8, pp=2, lease_s=1))
+        lost = c.post("/v1/jobs", json=job("lost", dp=8, pp=2, lease_s=1))
+        assert (kept.status_code, lost.status_code) == (201, 201)
+        assert lost.json()["lease_s"] == 1 and lost.json()["lease_expires_at"]
+        assert c.post("/v1/jobs", json=job("next", dp=4, pp=2)).status_code == 202
+        # "kept" heartbeats, "lost" does not: only "lost" is failed and replaced.
+        deadline = time.monotonic() + 15
+        while c.get("/v1/jobs/next").json()["state"] == "queued":
+            assert time.monotonic() < deadline, "the lease never expired"
+            beat = c.post("/v1/jobs/kept/heartbeat")
+            assert beat.status_code == 200, beat.text
+            time.sleep(0.25)
+        gone = c.get("/v1/jobs/lost").json()
+        assert (gone["state"], gone["end_reason"]) == ("failed", "lease_expired")
+        assert c.get("/v1/jobs/kept").json()["state"] == "placed"
+        assert free_servers(c) == SMALL_SERVERS - 16 - 8
+        # A heartbeat after the end says so, so a launcher stops its command.
+        late = c.post("/v1/jobs/lost/heartbeat")
+        assert late.status_code == 409 and "lease_expired" in late.json()["detail"]
+
+
+TOKENS = "launcher=tok-alice-0001,launcher=tok-bob-00002,operator=tok-oper-0003"
+
+
+@pytest.fixture
+def secured(settings: Settings) -> Iterator[LiveServer]:
+    live = LiveServer(settings.model_copy(update={"api_tokens": SecretStr(TOKENS)}))
+    live.start()
+    yield live
+    live.stop()
+
+
+def test_a_launcher_ends_only_its_own_jobs(secured: LiveServer) -> None:
+    with (
+        secured.client("tok-alice-0001") as alice,
+        secured.client("tok-bob-00002") as bob,
+        secured.client("tok-oper-0003") as op,
+    ):
+        for name in ("a1", "a2", "a3"):
+            assert alice.post("/v1/jobs", json=job(name, dp=1, pp=1)).status_code == 201
+        for call in (
+            lambda c: c.delete("/v1/jobs/a1"),
+            lambda c: c.post("/v1/jobs/a1/complete"),
+            lambda c: c.post("/v1/jobs/a1/fail", json={}),
+            lambda c: c.post("/v1/jobs/a1/heartbeat"),
+        ):
+            refused = call(bob)
+            assert refused.status_code == 403 and refused.json()["type"].endswith("not-owner")
+        assert bob.get("/v1/jobs/a1").status_code == 200  # reading is not ending
+        assert alice.post("/v1/jobs/a1/heartbeat").status_code == 200
+        assert alice.delete("/v1/jobs/a1").json()["state"] == "cancelled"
+        assert op.post("/v1/jobs/a2/fail", json={"exit_code": 2}).json()["state"] == "failed"
+        assert op.delete("/v1/jobs/a3").json()["state"] == "cancelled"
+
+
+ids = st.from_regex(JOB_ID_PATTERN, fullmatch=True).filter(lambda s: len(s) <= 200)
+
+
+def _round_trip(c: httpx.Client, job_id: str, encode: bool) -> None:
+    path = "/v1/jobs/" + (quote(job_id, safe="") if encode else job_id)
+    submitted = c.post("/v1/jobs", json=job(job_id, dp=1, pp=1))
+    assert submitted.status_code == 201, submitted.text
+    assert c.get(submitted.headers["location"]).json()["job_id"] == job_id
+    assert c.get(path).json()["job_id"] == job_id
+    assert c.get(path, params={"wait_for": "placed", "timeout_s": 1}).json()["state"] == "placed"
+    assert c.post(path + "/heartbeat").status_code == 200
+    assert c.get("/v1/predictions/" + path.rsplit("/", 1)[1]).status_code == 200
+    ending = {
+        0: lambda: c.post(path + "/complete"),
+        1: lambda: c.delete(path),
+        2: lambda: c.post(path + "/fail", json={"exit_code": 3}),
+    }[len(job_id) % 3]
+    ended = ending()
+    assert ended.status_code == 200 and ended.json()["job_id"] == job_id
+    assert ending().status_code == 200
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_every_id_the_pattern_admits_round_trips_through_every_route(server: LiveServer) -> None:
+    seen: set[str] = set()
+    with server.client() as c:
+
+        @settings(
+            max_examples=40,
+            deadline=None,
+            suppress_health_check=[HealthCheck.function_scoped_fixture],
+        )
+        @given(ids, st.booleans())
+        def check(job_id: str, encode: bool) -> None:
+            if job_id in seen:
+                return
+            seen.add(job_id)
+            _round_trip(c, job_id, encode)
+
+        for fixed in ("a", "A9", "x:y@z+w-v.u_t", "a..b", "0" * 200, "v1.2+build@host:1"):
+            seen.add(fixed)
+            _round_trip(c, fixed, encode=True)
+        check()
+        # "/" is refused at the door rather than accepted and left unaddressable.
+        for bad in ("a/b", "a%2Fb", ".hidden", "-x", "sp ace", "0" * 201):
+            refused = c.post("/v1/jobs", json=job(bad, dp=1, pp=1))
+            assert refused.status_code == 422, bad
+            assert refused.json()["errors"][0]["field"] == "body.job_id"
+    assert len(seen) > 20

@@ -1,0 +1,167 @@
+"""`lightpath launch` as a real subprocess against a running server (local runner)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from app.settings import Settings
+from lightpath_client import Client
+from tests.support import LiveServer
+
+TRAINER = Path(__file__).with_name("launch_trainer.py")
+LIGHTPATH = Path(sys.executable).with_name("lightpath")
+SMALL_SERVERS = 32
+
+
+@pytest.fixture
+def live(tmp_path: Path) -> Iterator[LiveServer]:
+    settings = Settings(
+        database_url=f"sqlite:///{tmp_path / 'lp.db'}",
+        cluster="small",
+        admit_wait_s=2.0,
+        worker_tick_s=0.2,
+    )
+    from app.store.migrate import upgrade_to_head
+
+    upgrade_to_head(settings)
+    server = LiveServer(settings)
+    server.start()
+    yield server
+    server.stop()
+
+
+def launch_argv(server: LiveServer, job_id: str, out: Path, mode: str, *extra: str) -> list[str]:
+    return [
+        str(LIGHTPATH),
+        "launch",
+        "--server",
+        server.url,
+        "--job-id",
+        job_id,
+        "--dp",
+        "2",
+        "--pp",
+        "2",
+        "--lease-s",
+        "2",
+        "--grace-s",
+        "3",
+        "--workdir",
+        str(out / "launch"),
+        *extra,
+        "--",
+        sys.executable,
+        str(TRAINER),
+        str(out),
+        mode,
+        "2",
+        "1",
+    ]
+
+
+def run(argv: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=120)
+
+
+def test_exit_0_completes_the_job_with_every_rank_placed(live: LiveServer, tmp_path: Path) -> None:
+    done = run(launch_argv(live, "ok-1", tmp_path, "ok"), tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "ok-1 placed on 4 servers" in done.stderr and "ok-1 completed" in done.stderr
+    with Client(live.url) as c:
+        job = c.get_job("ok-1")
+        assert job.state == "completed"
+        assert c.cluster().free_servers == SMALL_SERVERS
+    ranks = [json.loads((tmp_path / f"rank-{i}.json").read_text()) for i in range(4)]
+    # Each rank ran with its own unit's coordinates, in Megatron's node-rank order.
+    by_server = {u.server: u for u in job.units}
+    for i, env in enumerate(ranks):
+        unit = by_server[env["LIGHTPATH_SERVER"]]
+        assert (int(env["LIGHTPATH_STAGE"]), int(env["LIGHTPATH_DP_RANK"])) == (
+            unit.stage,
+            unit.dp_rank,
+        )
+        assert int(env["NODE_RANK"]) == i == unit.dp_rank + 2 * unit.stage
+        assert env["NNODES"] == "4" and env["MASTER_ADDR"] == "127.0.0.1"
+        assert env["LIGHTPATH_JOB_ID"] == "ok-1"
+    assert len({env["LIGHTPATH_SERVER"] for env in ranks}) == 4
+    hosts = Path(ranks[0]["LIGHTPATH_HOSTFILE"]).read_text().splitlines()
+    assert hosts == [f"{env['LIGHTPATH_SERVER']} slots=8" for env in ranks]
+
+
+def test_a_failing_rank_fails_the_job_with_its_exit_code(live: LiveServer, tmp_path: Path) -> None:
+    done = run(launch_argv(live, "bad-1", tmp_path, "fail"), tmp_path)
+    assert done.returncode == 3, done.stderr
+    with Client(live.url) as c:
+        job = c.get_job("bad-1")
+        assert (job.state, job.exit_code) == ("failed", 3)
+        assert job.end_reason == "rank 1 exited 3"
+        assert c.cluster().free_servers == SMALL_SERVERS
+    # The other ranks were stopped rather than left running.
+    assert {p.name for p in tmp_path.glob("term-*")} == {"term-0", "term-2", "term-3"}
+
+
+def test_sigterm_cancels_the_job_and_stops_the_ranks(live: LiveServer, tmp_path: Path) -> None:
+    proc = subprocess.Popen(
+        launch_argv(live, "sig-1", tmp_path, "wait"),
+        cwd=tmp_path,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 60
+    while len(list(tmp_path.glob("rank-*.json"))) < 4:
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM, stderr
+    assert "sig-1 cancelled (SIGTERM)" in stderr
+    with Client(live.url) as c:
+        assert c.get_job("sig-1").state == "cancelled"
+        assert c.cluster().free_servers == SMALL_SERVERS
+    assert len(list(tmp_path.glob("term-*"))) == 4
+
+
+def test_waits_in_the_queue_with_a_progress_line(live: LiveServer, tmp_path: Path) -> None:
+    with Client(live.url) as c:
+        assert c.submit_job("blocker", dp=16, pp=2).state == "placed"
+        proc = subprocess.Popen(
+            launch_argv(live, "q-1", tmp_path, "ok"),
+            cwd=tmp_path,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert proc.stderr is not None
+        line = proc.stderr.readline()
+        assert line.startswith("[lightpath] q-1: queued") and "servers" in line, line
+        assert not list(tmp_path.glob("rank-*"))
+        c.complete_job("blocker")
+        _, rest = proc.communicate(timeout=60)
+        assert proc.returncode == 0, rest
+        assert c.get_job("q-1").state == "completed"
+
+
+def test_print_runner_writes_command_lines_and_leaves_the_job_placed(
+    live: LiveServer, tmp_path: Path
+) -> None:
+    done = run(launch_argv(live, "pr-1", tmp_path, "ok", "--runner", "print"), tmp_path)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert len(lines) == 4
+    for i, line in enumerate(lines):
+        host, command = line.split("\t")
+        assert f"NODE_RANK={i} " in command and "LIGHTPATH_HOSTFILE=" in command
+        assert command.startswith("cd ") and str(TRAINER) in command
+    with Client(live.url) as c:
+        assert c.get_job("pr-1").state == "placed"
+    # The printed line is runnable as is: rank 0 through a shell.
+    shell = subprocess.run(["sh", "-c", lines[0].split("\t")[1]], timeout=60)
+    assert shell.returncode == 0
+    assert json.loads((tmp_path / "rank-0.json").read_text())["NODE_RANK"] == "0"
