@@ -1,7 +1,7 @@
 """job lifecycle: owner, lease, exit code; release jobs whose id holds '/'
 
 Revision ID: launcher_lifecycle
-Revises: 0004
+Revises: perf_ingest_seq
 Create Date: 2026-11-23 12:00:00
 
 Ids containing '/' are refused from now on (no route could address them, so
@@ -14,7 +14,7 @@ import sqlalchemy as sa
 
 
 revision = 'launcher_lifecycle'
-down_revision = '0004'
+down_revision = 'perf_ingest_seq'
 branch_labels = None
 depends_on = None
 
