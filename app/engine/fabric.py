@@ -79,7 +79,7 @@ class RoutingDecision:
         """The `routing` object of a GET /v1/decisions entry."""
         return {
             "phase": self.phase,
-            "algorithm": self.algorithm,
+            "algorithm": str(self.algorithm),
             "inc": self.inc,
             "aggregators": list(self.aggregators),
             "routes": [r.to_dict() for r in self.routes],
