@@ -45,6 +45,7 @@ from app.engine.controller import (
     new_controller,
     step,
 )
+from app.engine.cross_connects import realised_circuits
 from app.engine.fabric import Decision
 from app.engine.plan_signature import Demand, aggregate_pod_demand, attribute_demands
 from app.store import NewDecision
@@ -174,7 +175,7 @@ class FabricDriver:
         state = memory.state
         facts = {
             "mlu": state.fabric.mlu if state.fabric else 0.0,
-            "pod_circuits": state.fabric.pod_circuits.to_dict() if state.fabric else {},
+            "pod_circuits": realised_circuits(state.cluster, state.desired).to_dict(),
             "time_division": list(state.turn_order),
             "unmapped": [list(u) for u in state.fabric.unmapped] if state.fabric else [],
         }
