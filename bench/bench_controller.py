@@ -122,9 +122,7 @@ def main() -> int:
     cpu_times.pop("confirm", None)
     phases = {j: _phases(cluster, job, p) for j, (job, p) in placed.items()}
     counters: dict[str, int] = defaultdict(int)
-    modes = Counter(
-        view.mode for j in placed if (view := network_view(state, j)) is not None
-    )
+    modes = Counter(view.mode for j in placed if (view := network_view(state, j)) is not None)
     print(
         f"{len(placed)} jobs running ({dict(modes)} by network mode), "
         f"{len(free)} servers free; timing events ...",
