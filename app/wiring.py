@@ -143,7 +143,14 @@ def attach_worker(
         turn_ms=settings.turn_ms,
     )
     fabric = FabricDriver(repo, TrafficRepository(store), cluster, config, metrics)
-    controller = SwitchController(repo, driver, cluster, metrics, on_confirmed=fabric.confirmed)
+    controller = SwitchController(
+        repo,
+        driver,
+        cluster,
+        metrics,
+        on_confirmed=fabric.confirmed,
+        desired_source=lambda: fabric.committed,
+    )
     worker = Worker(
         store,
         bus,
@@ -210,6 +217,7 @@ def build_worker_runtime(settings: Settings, cluster: Cluster) -> Runtime:
         metrics.is_leader.set(1)
         worker.take_over()
         if runtime.controller is not None:
+            runtime.controller.reset()
             runtime.controller.kick()
 
     def deposed() -> None:

@@ -7,6 +7,7 @@ and to plain records the API renders; nothing above this module sees SQL.
 from __future__ import annotations
 
 import datetime as dt
+import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -83,6 +84,65 @@ class Snapshot:
     aggregator_used_gbps: dict[str, float] = field(default_factory=dict)  # ToR -> INC Gb/s held
     # server -> epoch seconds its placed job is expected to end (jobs with walltime_s only)
     busy_until: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class PlacedFacts:
+    """What scheduling needs of one placed job, decoded once."""
+
+    placement: dict[str, Any]  # the stored placement JSON (fixed once placed)
+    servers: tuple[str, ...]
+    ends: float | None  # epoch seconds its walltime runs out (None: no walltime)
+    grants: dict[str, float]  # ToR -> INC Gb/s held, from its stored collective
+
+
+def grants_of(collective: dict[str, Any] | None) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for grant in (collective or {}).get("aggregator_grants", []):
+        out[grant["tor"]] = out.get(grant["tor"], 0.0) + float(grant["gbps"])
+    return out
+
+
+class PlacedCache:
+    """The worker's memory of placed jobs for scheduling, updated from what changed.
+
+    `Store.load_snapshot` adds the jobs placed since its last call and drops
+    the ones that ended; the fabric pass reports collectives it wrote
+    (`set_collective`) so aggregator totals follow without re-reading rows.
+    Thread-safe: the fabric pass runs on its own thread.
+    """
+
+    def __init__(self) -> None:
+        self.facts: dict[str, PlacedFacts] = {}
+        self._lock = threading.Lock()
+
+    def update(self, placed_ids: set[str], rows: Iterable[Any]) -> None:
+        with self._lock:
+            for gone in [j for j in self.facts if j not in placed_ids]:
+                del self.facts[gone]
+            for r in rows:
+                placement = r.placement or {"units": []}
+                servers = tuple(u["server"] for u in placement["units"])
+                walltime = (r.body or {}).get("walltime_s")
+                ends = None
+                if walltime is not None and r.placed_at is not None:
+                    ends = _aware(r.placed_at).timestamp() + float(walltime)  # type: ignore[union-attr]
+                grants = grants_of(r.collective)
+                self.facts[r.job_id] = PlacedFacts(placement, servers, ends, grants)
+
+    def clear(self) -> None:
+        with self._lock:
+            self.facts.clear()
+
+    def set_collective(self, job_id: str, collective: dict[str, Any] | None) -> None:
+        with self._lock:
+            facts = self.facts.get(job_id)
+            if facts is not None:
+                facts.grants = grants_of(collective)
+
+    def items(self) -> list[tuple[str, PlacedFacts]]:
+        with self._lock:
+            return list(self.facts.items())
 
 
 def utcnow() -> dt.datetime:
@@ -341,39 +401,53 @@ class Store:
 
     # --- scheduling -------------------------------------------------------
 
-    def load_snapshot(self) -> Snapshot:
-        """The queue (arrival order) and server holders, read in one transaction."""
+    def load_snapshot(self, cache: PlacedCache | None = None) -> Snapshot:
+        """The queue (arrival order) and server holders, read in one transaction.
+
+        With a `cache` (the worker's memory of placed jobs) only the ids of
+        placed jobs are read, and the rows of jobs placed since the last call:
+        the cost follows the change, not the number of jobs running. Without
+        one every placed row is read and decoded.
+        """
+        cache = cache if cache is not None else PlacedCache()
         with self.read_engine.connect() as conn, conn.begin():
             queued_rows = conn.execute(
                 select(t.jobs.c.job_id, t.jobs.c.body, t.jobs.c.submitted_order, t.jobs.c.examined)
                 .where(t.jobs.c.state == JobState.QUEUED.value)
                 .order_by(t.jobs.c.submitted_order)
             ).all()
-            used = {
-                r.server_id: r.job_id
-                for r in conn.execute(
-                    select(t.server_assignments.c.server_id, t.server_assignments.c.job_id)
-                )
-            }
-            placed = {}
-            aggregators: dict[str, float] = {}
-            busy_until: dict[str, float] = {}
-            for r in conn.execute(
-                select(
-                    t.jobs.c.job_id,
-                    t.jobs.c.placement,
-                    t.jobs.c.collective,
-                    t.jobs.c.placed_at,
-                    t.jobs.c.body,
-                ).where(t.jobs.c.state == JobState.PLACED.value)
-            ):
-                placed[r.job_id] = r.placement
-                walltime = (r.body or {}).get("walltime_s")
-                if walltime is not None and r.placed_at is not None:
-                    ends = _aware(r.placed_at).timestamp() + float(walltime)  # type: ignore[union-attr]
-                    busy_until.update({u["server"]: ends for u in r.placement["units"]})
-                for grant in (r.collective or {}).get("aggregator_grants", []):
-                    aggregators[grant["tor"]] = aggregators.get(grant["tor"], 0.0) + grant["gbps"]
+            placed_ids = set(
+                conn.execute(
+                    select(t.jobs.c.job_id).where(t.jobs.c.state == JobState.PLACED.value)
+                ).scalars()
+            )
+            fresh = placed_ids.difference(cache.facts)
+            rows: Sequence[Any] = []
+            if fresh:
+                rows = conn.execute(
+                    select(
+                        t.jobs.c.job_id,
+                        t.jobs.c.placement,
+                        t.jobs.c.collective,
+                        t.jobs.c.placed_at,
+                        t.jobs.c.body,
+                    ).where(
+                        t.jobs.c.state == JobState.PLACED.value, t.jobs.c.job_id.in_(sorted(fresh))
+                    )
+                ).all()
+        cache.update(placed_ids, rows)
+        used: dict[str, str] = {}
+        placed: dict[str, dict[str, Any]] = {}
+        aggregators: dict[str, float] = {}
+        busy_until: dict[str, float] = {}
+        for job_id, facts in cache.items():
+            placed[job_id] = facts.placement
+            for server in facts.servers:
+                used[server] = job_id
+            if facts.ends is not None:
+                busy_until.update(dict.fromkeys(facts.servers, facts.ends))
+            for tor, gbps in facts.grants.items():
+                aggregators[tor] = aggregators.get(tor, 0.0) + gbps
         queued = tuple(job_from_body(r.job_id, r.body, r.submitted_order) for r in queued_rows)
         unexamined = frozenset(r.job_id for r in queued_rows if not r.examined)
         return Snapshot(queued, used, placed, unexamined, aggregators, busy_until)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import queue
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -45,6 +45,7 @@ from app.engine.controller import (
     new_controller,
     step,
 )
+from app.engine.cross_connects import CrossConnect
 from app.engine.fabric import Decision
 from app.engine.plan_signature import Demand, aggregate_pod_demand, attribute_demands
 from app.store import NewDecision
@@ -93,6 +94,11 @@ class WorkerMemory:
     cursor: int | None = None
     base: dict[str, Accounting] = field(default_factory=dict)  # stored counts at takeover
     views: dict[str, Any] = field(default_factory=dict)  # last written collective per job
+    # placed jobs decoded once when they appear (a pass reads only the ids and the new rows)
+    rows: dict[str, PlacedJobRow] = field(default_factory=dict)
+    unviewed: set[str] = field(default_factory=set)  # jobs whose stored collective is null
+    # the desired cross-connects as stored (None: unknown, read the table when writing)
+    written: tuple[CrossConnect, ...] | None = None
 
 
 class FabricDriver:
@@ -115,12 +121,17 @@ class FabricDriver:
         self.clock = clock
         self.confirmations: queue.SimpleQueue[SwitchConfirmed] = queue.SimpleQueue()
         self.memory: WorkerMemory | None = None
+        # the desired cross-connects last committed, for the switch controller (None: unknown)
+        self.committed: tuple[CrossConnect, ...] | None = None
+        # told the collectives written by a pass (the scheduler's aggregator totals follow them)
+        self.on_views: Callable[[Mapping[str, dict[str, Any]]], None] | None = None
 
     # --- memory ---------------------------------------------------------------
 
     def reset(self) -> None:
         """Forget the memory; the next pass starts from the durable state."""
         self.memory = None
+        self.committed = None
 
     def confirmed(self, held: Iterable[tuple[str, int, int]], at_s: float | None = None) -> None:
         """Called by the switch controller (any thread) with what the switches hold."""
@@ -138,6 +149,8 @@ class FabricDriver:
         state = replace(state, desired=stored)
         memory = WorkerMemory(state)
         memory.cursor = self.traffic.cursor()
+        memory.written = stored
+        self.committed = stored
         return memory
 
     # --- one pass ----------------------------------------------------------------
@@ -150,25 +163,31 @@ class FabricDriver:
         memory = self.memory
         now = self.clock()
         events: list[Event] = self._drain()
-        rows = self.fabric.load_placed_jobs()
+        ids = self.fabric.placed_job_ids()
         failed = self.fabric.load_failed_ports()
         if failed != memory.failed:
             memory.failed = failed
             events.append(PortsChanged(without_failed_ports(self.cluster, failed), now))
-        current = {r.job.job_id: r for r in rows}
+        current = set(ids)
         for gone in [j for j in memory.placed if j not in current]:
             events.append(JobCompleted(gone, now))
             del memory.placed[gone]
             memory.views.pop(gone, None)
-        fresh = [r for r in rows if r.job.job_id not in memory.placed]
+            memory.rows.pop(gone, None)
+            memory.unviewed.discard(gone)
+        new_ids = [j for j in ids if j not in memory.placed]
+        fresh = self.fabric.load_placed_jobs(new_ids) if new_ids else []
         for row in fresh:
             events.append(JobPlaced(row.job, row.placement, now))
             memory.placed[row.job.job_id] = row.placement.servers
+            memory.rows[row.job.job_id] = row
+            if row.collective is None:
+                memory.unviewed.add(row.job.job_id)
         if fresh:
             self._take_stored_counts(memory, [r.job.job_id for r in fresh])
         events.append(Tick(now))
         decisions = self._apply(events)
-        changed_views = self._views(current)
+        changed_views = self._views()
         if not decisions and not changed_views and not force:
             return FabricPassResult(False, (), ())
         state = memory.state
@@ -179,8 +198,16 @@ class FabricDriver:
             "unmapped": [list(u) for u in state.fabric.unmapped] if state.fabric else [],
         }
         seqs = self.fabric.record_fabric(
-            state.desired, changed_views, [decision_payload(d) for d in decisions], facts
+            state.desired,
+            changed_views,
+            [decision_payload(d) for d in decisions],
+            facts,
+            previous=memory.written,
         )
+        memory.written = self.committed = state.desired
+        memory.unviewed.difference_update(changed_views)
+        if changed_views and self.on_views is not None:
+            self.on_views(changed_views)
         if decisions:
             log.info(
                 "fabric decided",
@@ -222,18 +249,18 @@ class FabricDriver:
         self.metrics.prediction_held.inc(after.held - before.held)
         self.metrics.exposed_reconfig.inc(after.exposed_s - before.exposed_s)
 
-    def _views(self, rows: dict[str, PlacedJobRow]) -> dict[str, dict[str, Any]]:
+    def _views(self) -> dict[str, dict[str, Any]]:
         """Stored `collective` (with `network`) of jobs whose view changed."""
         assert self.memory is not None
         state = self.memory.state
+        unviewed = self.memory.unviewed
         out: dict[str, dict[str, Any]] = {}
         if state.fabric is None:
             return out
         for jf in state.fabric.jobs:
             view = network_view(state, jf.job_id)
             body = collective_json(jf.collective, view.to_dict() if view else None)
-            row = rows.get(jf.job_id)
-            if self.memory.views.get(jf.job_id) != body or (row and row.collective is None):
+            if self.memory.views.get(jf.job_id) != body or jf.job_id in unviewed:
                 out[jf.job_id] = body
                 self.memory.views[jf.job_id] = body
         return out
@@ -286,13 +313,18 @@ class FabricDriver:
         cursor = reports[-1].seq
         state = memory.state
         touched |= {d.job_id for d in decisions if d.job_id}
-        self.traffic.commit_predictions(
+        seqs = self.traffic.commit_predictions(
             cursor,
             [self.summary(j) for j in sorted(touched) if state.cycle(j) is not None],
             [decision_payload(d) for d in decisions],
             desired=state.desired if decisions else None,
             attributed=attributed,
+            previous=memory.written,
         )
+        if decisions:
+            # no seqs: a duplicate pass wrote nothing, so what the table holds is unknown
+            memory.written = state.desired if seqs else None
+            self.committed = memory.written
         memory.cursor = cursor
         self.metrics.traffic_reports.inc(len(reports))
         return True
