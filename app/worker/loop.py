@@ -109,9 +109,10 @@ class Worker:
         if changed:
             self.bus.announce(JobsChanged(tuple(sorted(changed))))
 
-    def admit(self, reason: str, changed: set[str]) -> None:
+    def admit(self, reason: str, changed: set[str], *, leases_checked: bool = False) -> None:
         """Serve the queue; launchers waiting for placement hear of it before the fabric."""
-        expired = self.expire_leases()  # lapsed leases free servers before admission
+        # lapsed leases free servers before admission
+        expired = set() if leases_checked else self.expire_leases()
         start = time.perf_counter()
         result = schedule(
             self.store,
@@ -183,7 +184,7 @@ class Worker:
             reason = "arrival"
         if not messages or expired or any(isinstance(m, AdmitJob | CompleteJob) for m in messages):
             changed = {m.job_id for m in messages if isinstance(m, AdmitJob | CompleteJob)}
-            self.admit(reason, changed | expired)
+            self.admit(reason, changed | expired, leases_checked=True)
         self.passes += 1
         self.request_fabric(reason)
 
