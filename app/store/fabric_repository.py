@@ -17,6 +17,7 @@ from app.engine.cross_connects import CrossConnect
 from app.engine.job import Job, JobState, Placement
 
 from . import tables as t
+from .database import relaxed_commit
 from .mapping import job_from_body, placement_from_json
 from .repository import NewDecision, Store, append_decisions, utcnow
 
@@ -209,6 +210,7 @@ class FabricRepository:
         """
         written = 0
         with self.store.write_engine.begin() as conn:
+            relaxed_commit(conn)  # the switches are read again on the next pass
             for oxc in confirmed:
                 rows = _confirmed_rows(oxc)
                 if previous is None:

@@ -19,6 +19,7 @@ from app.engine.job import JobState, Placement
 from app.engine.job_lease import LEASE_EXPIRED, JobLease
 
 from . import tables as t
+from .database import relaxed_commit
 from .mapping import job_from_body, placement_to_json
 
 
@@ -109,17 +110,25 @@ class PlacedCache:
     `Store.load_snapshot` adds the jobs placed since its last call and drops
     the ones that ended; the fabric pass reports collectives it wrote
     (`set_collective`) so aggregator totals follow without re-reading rows.
-    Thread-safe: the fabric pass runs on its own thread.
+    Server holders and expected ends are kept as running totals, so a
+    snapshot costs copies, not a walk over every placed job. Thread-safe: the
+    fabric pass runs on its own thread.
     """
 
     def __init__(self) -> None:
         self.facts: dict[str, PlacedFacts] = {}
+        self.used: dict[str, str] = {}  # server -> job
+        self.busy_until: dict[str, float] = {}  # server -> expected end
         self._lock = threading.Lock()
 
     def update(self, placed_ids: set[str], rows: Iterable[Any]) -> None:
         with self._lock:
             for gone in [j for j in self.facts if j not in placed_ids]:
-                del self.facts[gone]
+                facts = self.facts.pop(gone)
+                for server in facts.servers:
+                    if self.used.get(server) == gone:
+                        del self.used[server]
+                        self.busy_until.pop(server, None)
             for r in rows:
                 placement = r.placement or {"units": []}
                 servers = tuple(u["server"] for u in placement["units"])
@@ -129,10 +138,15 @@ class PlacedCache:
                     ends = _aware(r.placed_at).timestamp() + float(walltime)  # type: ignore[union-attr]
                 grants = grants_of(r.collective)
                 self.facts[r.job_id] = PlacedFacts(placement, servers, ends, grants)
+                self.used.update(dict.fromkeys(servers, r.job_id))
+                if ends is not None:
+                    self.busy_until.update(dict.fromkeys(servers, ends))
 
     def clear(self) -> None:
         with self._lock:
             self.facts.clear()
+            self.used.clear()
+            self.busy_until.clear()
 
     def set_collective(self, job_id: str, collective: dict[str, Any] | None) -> None:
         with self._lock:
@@ -140,9 +154,17 @@ class PlacedCache:
             if facts is not None:
                 facts.grants = grants_of(collective)
 
-    def items(self) -> list[tuple[str, PlacedFacts]]:
+    def view(
+        self,
+    ) -> tuple[dict[str, str], dict[str, dict[str, Any]], dict[str, float], dict[str, float]]:
+        """(server holders, placements, aggregator Gb/s per ToR, expected ends): copies."""
         with self._lock:
-            return list(self.facts.items())
+            aggregators: dict[str, float] = {}
+            for facts in self.facts.values():
+                for tor, gbps in facts.grants.items():
+                    aggregators[tor] = aggregators.get(tor, 0.0) + gbps
+            placed = {j: f.placement for j, f in self.facts.items()}
+            return dict(self.used), placed, aggregators, dict(self.busy_until)
 
 
 def utcnow() -> dt.datetime:
@@ -252,10 +274,12 @@ class Store:
         deadline: float | None,
         owner: str | None = None,
     ) -> tuple[JobRecord, bool]:
-        """Record a new queued job and its AdmitJob event; (existing, False) if the id exists."""
-        existing = self.get_job(job_id)
-        if existing is not None:
-            return existing, False
+        """Record a new queued job and its AdmitJob event; (existing, False) if the id exists.
+
+        One transaction and no read on the common path (a new id): the insert
+        itself finds an existing id, and the new row is answered from what was
+        written.
+        """
         now = utcnow()
         try:
             with self.write_engine.begin() as conn:
@@ -282,8 +306,22 @@ class Store:
             if existing is None:
                 raise
             return existing, False
-        record = self.get_job(job_id)
-        assert record is not None
+        record = JobRecord(
+            job_id=job_id,
+            state=JobState.QUEUED.value,
+            body=body,
+            body_hash=body_hash,
+            submitted_order=order,
+            examined=False,
+            queue_reason=None,
+            placement=None,
+            collective=None,
+            submitted_at=now,
+            placed_at=None,
+            completed_at=None,
+            owner=owner,
+            lease_s=body.get("lease_s"),
+        )
         return record, True
 
     def get_job(self, job_id: str) -> JobRecord | None:
@@ -436,18 +474,7 @@ class Store:
                     )
                 ).all()
         cache.update(placed_ids, rows)
-        used: dict[str, str] = {}
-        placed: dict[str, dict[str, Any]] = {}
-        aggregators: dict[str, float] = {}
-        busy_until: dict[str, float] = {}
-        for job_id, facts in cache.items():
-            placed[job_id] = facts.placement
-            for server in facts.servers:
-                used[server] = job_id
-            if facts.ends is not None:
-                busy_until.update(dict.fromkeys(facts.servers, facts.ends))
-            for tor, gbps in facts.grants.items():
-                aggregators[tor] = aggregators.get(tor, 0.0) + gbps
+        used, placed, aggregators, busy_until = cache.view()
         queued = tuple(job_from_body(r.job_id, r.body, r.submitted_order) for r in queued_rows)
         unexamined = frozenset(r.job_id for r in queued_rows if not r.examined)
         return Snapshot(queued, used, placed, unexamined, aggregators, busy_until)
@@ -530,6 +557,7 @@ class Store:
         if pending is None:
             return 0
         with self.write_engine.begin() as conn:
+            relaxed_commit(conn)  # a mark lost in a crash only publishes the row again
             rows = conn.execute(
                 select(t.outbox.c.id, t.outbox.c.payload)
                 .where(t.outbox.c.published_at.is_(None))

@@ -99,6 +99,9 @@ class WorkerMemory:
     unviewed: set[str] = field(default_factory=set)  # jobs whose stored collective is null
     # the desired cross-connects as stored (None: unknown, read the table when writing)
     written: tuple[CrossConnect, ...] | None = None
+    # what each stored view was computed from: a job whose fabric entry, turn sharers
+    # and cluster are the same objects as last pass keeps its view without recomputing
+    view_inputs: dict[str, tuple[Any, int, Any]] = field(default_factory=dict)
 
 
 class FabricDriver:
@@ -173,6 +176,7 @@ class FabricDriver:
             events.append(JobCompleted(gone, now))
             del memory.placed[gone]
             memory.views.pop(gone, None)
+            memory.view_inputs.pop(gone, None)
             memory.rows.pop(gone, None)
             memory.unviewed.discard(gone)
         new_ids = [j for j in ids if j not in memory.placed]
@@ -250,19 +254,34 @@ class FabricDriver:
         self.metrics.exposed_reconfig.inc(after.exposed_s - before.exposed_s)
 
     def _views(self) -> dict[str, dict[str, Any]]:
-        """Stored `collective` (with `network`) of jobs whose view changed."""
-        assert self.memory is not None
-        state = self.memory.state
-        unviewed = self.memory.unviewed
+        """Stored `collective` (with `network`) of jobs whose view changed.
+
+        A view is recomputed only for jobs whose inputs changed (their fabric
+        entry, the number of jobs taking turns, the usable cluster), so a pass
+        costs what the change touched, not one view per running job.
+        """
+        memory = self.memory
+        assert memory is not None
+        state = memory.state
         out: dict[str, dict[str, Any]] = {}
         if state.fabric is None:
             return out
+        sharers = len(state.turn_order)
         for jf in state.fabric.jobs:
+            inputs = (jf, sharers, state.cluster)
+            seen = memory.view_inputs.get(jf.job_id)
+            if (
+                seen is not None
+                and all(a is b for a, b in zip(seen, inputs, strict=True))
+                and jf.job_id not in memory.unviewed
+            ):
+                continue
             view = network_view(state, jf.job_id)
             body = collective_json(jf.collective, view.to_dict() if view else None)
-            if self.memory.views.get(jf.job_id) != body or jf.job_id in unviewed:
+            memory.view_inputs[jf.job_id] = inputs
+            if memory.views.get(jf.job_id) != body or jf.job_id in memory.unviewed:
                 out[jf.job_id] = body
-                self.memory.views[jf.job_id] = body
+                memory.views[jf.job_id] = body
         return out
 
     def _take_stored_counts(self, memory: WorkerMemory, job_ids: list[str]) -> None:
