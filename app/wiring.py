@@ -36,8 +36,8 @@ from app.worker.switch_controller import SwitchController
 __all__ = ["ConfigError", "Runtime", "build_runtime", "load_cluster"]
 
 
-def build_store(settings: Settings, *, pre_ping: bool = True) -> Store:
-    write = create_db_engine(settings, for_writes=True, pre_ping=pre_ping)
+def build_store(settings: Settings) -> Store:
+    write = create_db_engine(settings, for_writes=True)
     read = create_db_engine(settings, for_writes=False) if settings.is_sqlite else write
     return Store(write, read)
 
@@ -199,7 +199,7 @@ def build_worker_runtime(settings: Settings, cluster: Cluster) -> Runtime:
     """The `lightpath worker` process: leader-elected worker and switch controller."""
     from app.worker.lease import LeaderLoop, LocalLease, RedisLease
 
-    store = build_store(settings, pre_ping=False)  # a failed pass is retried anyway
+    store = build_store(settings)
     bus = build_bus(settings)
     registry = CollectorRegistry()
     services = Services(settings=settings, cluster=cluster, store=store, bus=bus)
