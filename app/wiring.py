@@ -7,14 +7,11 @@ tests start them.
 
 from __future__ import annotations
 
-import json
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-import yaml
 from prometheus_client import CollectorRegistry
 
 from app.api.deps import Services
@@ -22,7 +19,8 @@ from app.api.metrics import ApiMetrics
 from app.api.read_cache import JobViewCache
 from app.bus import InProcessBus
 from app.bus.relay import OutboxRelay
-from app.engine.cluster import PRESETS, Cluster, cluster_from_dict, preset
+from app.cluster_files import ConfigError, load_cluster
+from app.engine.cluster import Cluster
 from app.engine.controller import ControllerConfig
 from app.settings import Settings
 from app.southbound import HttpDriver, InProcessDriver, SouthboundDriver
@@ -34,26 +32,8 @@ from app.worker.fabric_driver import FabricDriver
 from app.worker.metrics import WorkerMetrics
 from app.worker.switch_controller import SwitchController
 
-
-class ConfigError(Exception):
-    """The settings or the cluster description cannot work; the message says why."""
-
-
-def load_cluster(name_or_file: str, reconfig_ms: float | None = None) -> Cluster:
-    """A preset by name, or a YAML/JSON cluster file in the shape of `GET /v1/cluster`."""
-    if name_or_file in PRESETS:
-        return preset(name_or_file, reconfig_ms=reconfig_ms)
-    path = Path(name_or_file)
-    if not path.is_file():
-        raise ConfigError(
-            f"cluster {name_or_file!r} is neither a preset ({', '.join(PRESETS)}) nor a file"
-        )
-    try:
-        text = path.read_text()
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-        return cluster_from_dict(data, name=path.stem)
-    except (ValueError, yaml.YAMLError) as exc:
-        raise ConfigError(f"cluster file {path}: {exc}") from exc
+# the cluster loaders stay importable from here
+__all__ = ["ConfigError", "Runtime", "build_runtime", "load_cluster"]
 
 
 def build_store(settings: Settings) -> Store:
@@ -163,7 +143,14 @@ def attach_worker(
         turn_ms=settings.turn_ms,
     )
     fabric = FabricDriver(repo, TrafficRepository(store), cluster, config, metrics)
-    controller = SwitchController(repo, driver, cluster, metrics, on_confirmed=fabric.confirmed)
+    controller = SwitchController(
+        repo,
+        driver,
+        cluster,
+        metrics,
+        on_confirmed=fabric.confirmed,
+        desired_source=lambda: fabric.committed,
+    )
     worker = Worker(
         store,
         bus,
@@ -238,6 +225,7 @@ def build_worker_runtime(settings: Settings, cluster: Cluster) -> Runtime:
         metrics.is_leader.set(1)
         worker.take_over()
         if runtime.controller is not None:
+            runtime.controller.reset()
             runtime.controller.kick()
 
     def deposed() -> None:
