@@ -168,7 +168,9 @@ def test_readyz_answers_a_503_problem_when_a_dependency_is_down(settings: Settin
         assert answer.status_code == 503
         assert answer.headers["content-type"] == PROBLEM_JSON
         body = answer.json()
-        assert body["checks"]["bus"].startswith("unreachable") and body["checks"]["database"] == "ok"
+        assert (
+            body["checks"]["bus"].startswith("unreachable") and body["checks"]["database"] == "ok"
+        )
         assert body["status"] == 503 and "bus" in body["detail"]
     finally:
         live.stop()
