@@ -235,11 +235,12 @@ def test_phase_reporter_posts_a_training_loops_traffic(live: LiveServer) -> None
             ],
             server=servers[2],
         ) as reporter:
-            assert reporter.dp_ring() == servers
+            assert reporter.dp_ring() == servers and reporter.dp_rings() == [servers]
+            reporter.allreduce(1e9, started_at=time.time())
             for _ in range(6):
                 reporter.phase(ring_allreduce_demands(reporter.dp_ring(), 2e9))
                 reporter.phase({})  # an empty phase is skipped, not sent
-        assert (reporter.sent, reporter.dropped) == (6, 0)
+        assert (reporter.sent, reporter.dropped) == (7, 0)
         deadline = time.monotonic() + 20
         while lp.prediction("ddp").raw["cycle_count"] == 0:
             assert time.monotonic() < deadline, "the worker never consumed the reports"
@@ -248,3 +249,26 @@ def test_phase_reporter_posts_a_training_loops_traffic(live: LiveServer) -> None
     dead.phase({("a", "b"): 1.0})
     dead.close()  # a telemetry failure never stops training: counted, not raised
     assert (dead.sent, dead.dropped) == (0, 1)
+
+
+def test_allreduce_reports_every_dp_group_as_one_phase() -> None:
+    units = [
+        {"server": f"s{stage}{dp}", "stage": stage, "dp_rank": dp, "ep_rank": 0}
+        for stage in range(2)
+        for dp in (1, 0)
+    ]
+    reporter = PhaseReporter(
+        Client(f"http://127.0.0.1:{free_port()}", retries=0), "j", flush_s=60, placement=units
+    )
+    reporter.allreduce(4e9, started_at=12.5)
+    assert reporter.dp_rings() == [["s00", "s01"], ["s10", "s11"]]
+    (report,) = reporter._pending
+    assert report["job_id"] == "j" and report["phase_started_at"] == 12.5
+    # a ring of two moves 2 (n-1)/n = 1 x the buffer each way
+    assert sorted((d["src"], d["dst"], d["bytes"]) for d in report["demands"]) == [
+        ("s00", "s01", 4e9),
+        ("s01", "s00", 4e9),
+        ("s10", "s11", 4e9),
+        ("s11", "s10", 4e9),
+    ]
+    reporter.close()
