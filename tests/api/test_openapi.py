@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from openapi_spec_validator import validate
 
 from app.api.problems import PROBLEM_JSON
 from app.settings import Settings
@@ -46,6 +47,11 @@ def doc(server: LiveServer) -> dict[str, Any]:
         answer = c.get("/openapi.json")
     assert answer.status_code == 200
     return dict(answer.json())
+
+
+def test_the_document_is_valid_openapi_3_1(doc: dict[str, Any]) -> None:
+    assert doc["openapi"].startswith("3.1")
+    validate(doc)  # raises on any violation of the OpenAPI 3.1 schema
 
 
 def test_operation_ids_are_stable_and_camel_case(doc: dict[str, Any]) -> None:
