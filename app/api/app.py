@@ -5,7 +5,6 @@ from __future__ import annotations
 from fastapi import FastAPI
 
 from .deps import Services
-from .metrics import ApiMetrics
 from .middleware import BodyLimit, RequestTiming
 from .openapi import install_openapi_and_docs
 from .problems import install_problem_handlers
@@ -44,16 +43,10 @@ def create_app(services: Services) -> FastAPI:
         redoc_url=None,
     )
     app.state.services = services
-    metrics = services.extras.get("metrics")
-    if metrics is None:
-        metrics = ApiMetrics(services.store, services.cluster)
-        services.extras["metrics"] = metrics
-    services.extras.setdefault("kick_relay", lambda: None)
+    metrics = services.metrics
     install_problem_handlers(app)
     for router in (jobs.router, telemetry.router, advice.router, fabric.router, ops.router):
         app.include_router(router)
-    for extra in services.extras.get("routers", ()):
-        app.include_router(extra)
     app.add_middleware(BodyLimit, max_bytes=services.settings.max_body_bytes)
     app.add_middleware(RequestTiming, metrics=metrics)
 

@@ -60,6 +60,6 @@ async def readyz(services: ServicesDep) -> JSONResponse:
     responses={200: {"content": {CONTENT_TYPE_LATEST: {"schema": {"type": "string"}}}}},
 )
 async def metrics(services: ServicesDep) -> Response:
-    registry = services.extras["metrics"].registry
+    registry = services.metrics.registry
     data = await run_in_threadpool(generate_latest, registry)
     return Response(data, media_type=CONTENT_TYPE_LATEST)
