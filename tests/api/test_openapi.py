@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from openapi_schema_validator import OAS31Validator
 from openapi_spec_validator import validate
 
 from app.api.problems import PROBLEM_JSON
@@ -180,3 +181,61 @@ def test_readyz_answers_a_503_problem_when_a_dependency_is_down(settings: Settin
         assert body["status"] == 503 and "bus" in body["detail"]
     finally:
         live.stop()
+
+
+def _conforms(doc: dict[str, Any], method: str, path: str, answer: Any) -> None:
+    """`answer` matches the schema the document gives for its status and media type."""
+    op = doc["paths"][path][method]
+    documented = op["responses"].get(str(answer.status_code))
+    assert documented is not None, f"{method} {path} answered undocumented {answer.status_code}"
+    media = answer.headers["content-type"].split(";")[0]
+    assert media in documented["content"], (method, path, answer.status_code, media)
+    schema = {**documented["content"][media]["schema"], "components": doc["components"]}
+    OAS31Validator(schema).validate(answer.json())
+
+
+def test_answers_match_their_documented_schemas(doc: dict[str, Any], server: LiveServer) -> None:
+    """What a generated client would parse: every answer of a full session, errors included."""
+    job = "/v1/jobs/{job_id}"
+    with server.client() as c:
+
+        def call(method: str, path: str, url: str | None = None, **kw: Any) -> Any:
+            answer = c.request(method, url or path, **kw)
+            _conforms(doc, method, path, answer)
+            return answer
+
+        body = {"job_id": "s-1", "parallelism": {"dp": 16, "pp": 2}, "lease_s": 30}
+        assert call("post", "/v1/jobs", json=body).status_code == 201
+        assert call("post", "/v1/jobs", json=body).status_code == 200
+        assert call("post", "/v1/jobs", json={**body, "priority": 5}).status_code == 409
+        queued = {"job_id": "s-2", "parallelism": {"dp": 2, "pp": 1}}
+        assert call("post", "/v1/jobs", json=queued).status_code == 202
+        malformed = {"content": b"{", "headers": {"content-type": "application/json"}}
+        assert call("post", "/v1/jobs", **malformed).status_code == 400
+        assert call("post", "/v1/jobs", json={"job_id": "a/b"}).status_code == 422
+        assert call("get", "/v1/jobs", params={"limit": 1}).json()["next"] is not None
+        assert call("get", "/v1/jobs", params={"state": "nope"}).status_code == 422
+        call("get", job, "/v1/jobs/s-1")
+        call("get", job, "/v1/jobs/s-2", params={"wait_for": "placed", "timeout_s": 0.2})
+        assert call("get", job, "/v1/jobs/nope").status_code == 404
+        call("post", job + "/heartbeat", "/v1/jobs/s-1/heartbeat")
+        assert call("post", job + "/complete", "/v1/jobs/s-2/complete").status_code == 409
+        call("delete", job, "/v1/jobs/s-2")
+        traffic = {
+            "reports": [
+                {
+                    "job_id": "s-1",
+                    "phase_started_at": 1.0,
+                    "demands": [
+                        {"src": "pod-0/tor-0/srv-0", "dst": "pod-1/tor-0/srv-0", "bytes": 1}
+                    ],
+                }
+            ]
+        }
+        assert call("post", "/v1/traffic", json=traffic).status_code == 202
+        call("get", "/v1/predictions/{job_id}", "/v1/predictions/s-1")
+        call("post", "/v1/jobs/{job_id}/fail", "/v1/jobs/s-1/fail", json={"exit_code": 1})
+        advice = {"model": {"parameters": 1e9}, "parallelism": {"dp": 1}, "gpu_memory_bytes": 8e10}
+        call("post", "/v1/advice/batch-size", json=advice)
+        for path in ("/v1/cluster", "/v1/topology", "/v1/decisions", "/healthz", "/readyz"):
+            assert call("get", path).status_code == 200, path
