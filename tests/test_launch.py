@@ -251,3 +251,34 @@ def test_print_runner_writes_the_hostfile_and_placement(live: LiveServer, tmp_pa
     assert [(u["node_rank"], u["host"], u["server"]) for u in placement["units"]] == [
         (i, h, u.server) for i, (h, u) in enumerate(zip(hosts, by_rank, strict=True))
     ]
+
+
+def test_heartbeats_keep_a_job_longer_than_its_lease(live: LiveServer, tmp_path: Path) -> None:
+    argv = launch_argv(live, "hb-1", tmp_path, "slow")
+    argv[argv.index("--lease-s") + 1] = "1"
+    done = run(argv, tmp_path)
+    assert done.returncode == 0, done.stderr
+    with Client(live.url) as c:
+        job = c.get_job("hb-1")
+    assert (job.state, job.end_reason) == ("completed", None)
+    assert job.completed_at is not None and job.placed_at is not None
+    assert (job.completed_at - job.placed_at).total_seconds() > 3
+
+
+def test_an_operator_cancel_stops_the_ranks(live: LiveServer, tmp_path: Path) -> None:
+    proc = subprocess.Popen(
+        launch_argv(live, "op-1", tmp_path, "wait"), cwd=tmp_path, stderr=subprocess.PIPE, text=True
+    )
+    deadline = time.monotonic() + 60
+    while len(list(tmp_path.glob("rank-*.json"))) < 4:
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
+    with Client(live.url) as c:
+        assert c.cancel_job("op-1").state == "cancelled"
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 1, stderr
+    assert "op-1 was ended by the server: cancelled" in stderr
+    assert len(list(tmp_path.glob("term-*"))) == 4  # every rank was stopped
+    with Client(live.url) as c:
+        assert c.get_job("op-1").state == "cancelled"
+        assert c.cluster().free_servers == SMALL_SERVERS
