@@ -109,7 +109,10 @@ def test_a_failing_rank_fails_the_job_with_its_exit_code(live: LiveServer, tmp_p
     assert {p.name for p in tmp_path.glob("term-*")} == {"term-0", "term-2", "term-3"}
 
 
-def test_sigterm_cancels_the_job_and_stops_the_ranks(live: LiveServer, tmp_path: Path) -> None:
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_cancels_the_job_and_stops_the_ranks(
+    live: LiveServer, tmp_path: Path, signum: signal.Signals
+) -> None:
     proc = subprocess.Popen(
         launch_argv(live, "sig-1", tmp_path, "wait"),
         cwd=tmp_path,
@@ -120,10 +123,10 @@ def test_sigterm_cancels_the_job_and_stops_the_ranks(live: LiveServer, tmp_path:
     while len(list(tmp_path.glob("rank-*.json"))) < 4:
         assert proc.poll() is None and time.monotonic() < deadline
         time.sleep(0.05)
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(signum)
     _, stderr = proc.communicate(timeout=60)
-    assert proc.returncode == 128 + signal.SIGTERM, stderr
-    assert "sig-1 cancelled (SIGTERM)" in stderr
+    assert proc.returncode == 128 + signum, stderr
+    assert f"sig-1 cancelled ({signum.name})" in stderr
     with Client(live.url) as c:
         assert c.get_job("sig-1").state == "cancelled"
         assert c.cluster().free_servers == SMALL_SERVERS
