@@ -169,6 +169,16 @@ def _round_trip(c: httpx.Client, job_id: str, encode: bool) -> None:
     assert c.get(path, params={"wait_for": "placed", "timeout_s": 1}).json()["state"] == "placed"
     assert c.post(path + "/heartbeat").status_code == 200
     assert c.get("/v1/predictions/" + path.rsplit("/", 1)[1]).status_code == 200
+    server_id = submitted.json()["placement"]["units"][0]["server"]
+    other = next(s for s in ("pod-3/tor-1/srv-3", "pod-0/tor-0/srv-0") if s != server_id)
+    report = {
+        "job_id": job_id,
+        "phase_started_at": 1.0,
+        "demands": [{"src": server_id, "dst": other, "bytes": 1.0}],
+    }
+    assert c.post("/v1/traffic", json={"reports": [report]}).status_code == 202
+    listed = c.get("/v1/jobs", params={"state": "placed", "limit": 1000}).json()["jobs"]
+    assert job_id in {j["job_id"] for j in listed}
     ending = {
         0: lambda: c.post(path + "/complete"),
         1: lambda: c.delete(path),
