@@ -177,7 +177,7 @@ class _Base:
         """Exponential backoff with full jitter; a numeric Retry-After wins (capped)."""
         if retry_after is not None and retry_after.replace(".", "", 1).isdigit():
             return min(float(retry_after), self.max_backoff_s)
-        return random.uniform(0.5, 1.0) * min(self.max_backoff_s, self.backoff_s * 2**attempt)
+        return random.uniform(0.5, 1.0) * min(self.max_backoff_s, self.backoff_s * 2.0**attempt)
 
     def _retry_after(self, response: httpx.Response | None, attempt: int) -> float | None:
         """Seconds to wait before retrying, or None when this answer is final."""
