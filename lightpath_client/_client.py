@@ -310,9 +310,14 @@ class Client(_Base):
         *,
         timeout_s: float | None = None,
         on_progress: Progress | None = None,
+        poll_s: float | None = None,
     ) -> Job:
-        """Long-poll until the job reaches `state` (or later); WaitTimeout at the deadline."""
-        waiter = _Waiter(job_id, state, timeout_s, self.poll_s)
+        """Long-poll until the job reaches `state` (or later); WaitTimeout at the deadline.
+
+        Each long-poll asks the server to hold the call `poll_s` (default the
+        client's); `on_progress(job, waited_s)` is called after each early answer.
+        """
+        waiter = _Waiter(job_id, state, timeout_s, poll_s or self.poll_s)
         while True:
             call = waiter.next_call()
             if call is None:
@@ -437,8 +442,9 @@ class AsyncClient(_Base):
         *,
         timeout_s: float | None = None,
         on_progress: Progress | None = None,
+        poll_s: float | None = None,
     ) -> Job:
-        waiter = _Waiter(job_id, state, timeout_s, self.poll_s)
+        waiter = _Waiter(job_id, state, timeout_s, poll_s or self.poll_s)
         while True:
             call = waiter.next_call()
             if call is None:

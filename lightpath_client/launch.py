@@ -272,7 +272,10 @@ def launch(
     try:
         job = client.request(_Calls.submit_job(dict(body)))
         if not job.ended and job.state != "placed":
-            job = client.wait_for(job_id, "placed", timeout_s=wait_timeout_s, on_progress=progress)
+            progress(job, 0.0)  # at once: the first long-poll may hold for poll_s
+            job = client.wait_for(
+                job_id, "placed", timeout_s=wait_timeout_s, on_progress=progress, poll_s=10.0
+            )
         if job.state != "placed":
             progress.done(f"{job_id} is {job.state}; nothing to run")
             return 1

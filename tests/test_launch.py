@@ -285,3 +285,24 @@ def test_an_operator_cancel_stops_the_ranks(live: LiveServer, tmp_path: Path) ->
     with Client(live.url) as c:
         assert c.get_job("op-1").state == "cancelled"
         assert c.cluster().free_servers == SMALL_SERVERS
+
+
+def test_a_signal_while_queued_cancels_the_queued_job(live: LiveServer, tmp_path: Path) -> None:
+    with Client(live.url) as c:
+        assert c.submit_job("blocker", dp=16, pp=2).state == "placed"
+        proc = subprocess.Popen(
+            launch_argv(live, "q-2", tmp_path, "ok"),
+            cwd=tmp_path,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        started = time.monotonic()
+        assert proc.stderr is not None
+        assert proc.stderr.readline().startswith("[lightpath] q-2: queued")
+        # the progress line comes at once, not after the first long-poll (10 s) ran out
+        assert time.monotonic() - started < 8
+        proc.send_signal(signal.SIGTERM)
+        _, rest = proc.communicate(timeout=60)
+        assert proc.returncode == 128 + signal.SIGTERM, rest
+        assert c.get_job("q-2").state == "cancelled"
+        assert not list(tmp_path.glob("rank-*"))  # nothing ran
