@@ -17,7 +17,12 @@ from ..schemas import AdviceIn, AdviceOut
 router = APIRouter(prefix="/v1/advice", tags=["advice"])
 
 
-@router.post("/batch-size", response_model=AdviceOut, summary="Largest micro-batch that fits")
+@router.post(
+    "/batch-size",
+    response_model=AdviceOut,
+    summary="Largest micro-batch that fits",
+    operation_id="adviseBatchSize",
+)
 async def advise_batch_size(
     body: AdviceIn, _services: ServicesDep, _scope: Annotated[Any, require("launcher")]
 ) -> JSONResponse:

@@ -16,7 +16,6 @@ from ..schemas import PredictionOut, TrafficAccepted, TrafficIn
 from .jobs import JobIdPath
 
 router = APIRouter(prefix="/v1", tags=["telemetry"])
-_PROBLEMS = {"application/problem+json": {"schema": {"$ref": "#/components/schemas/Problem"}}}
 
 
 def _check_servers(services: Services, batch: TrafficIn) -> list[list[Any]]:
@@ -63,7 +62,11 @@ def _check_servers(services: Services, batch: TrafficIn) -> list[list[Any]]:
     status_code=202,
     response_model=TrafficAccepted,
     summary="Traffic-demand reports (one report = one communication phase)",
-    responses={413: {"content": _PROBLEMS}, 422: {"content": _PROBLEMS}},
+    operation_id="reportTraffic",
+    responses={
+        202: {"description": "stored durably (a batch is not addressable: no `Location`)"},
+        422: {"description": "invalid fields, unknown servers; the batch is refused whole"},
+    },
 )
 async def report_traffic(
     batch: TrafficIn,
@@ -97,7 +100,7 @@ async def report_traffic(
     "/predictions/{job_id}",
     response_model=PredictionOut,
     summary="A job's learned communication cycle",
-    responses={404: {"content": _PROBLEMS}},
+    operation_id="getPrediction",
 )
 async def get_prediction(
     job_id: JobIdPath, services: ServicesDep, _scope: Annotated[Any, require()]
