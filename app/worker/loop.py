@@ -19,6 +19,7 @@ from app.engine.cluster import Cluster
 from app.engine.job_lease import expired_leases
 from app.settings import Settings
 from app.store import Store
+from app.store.fencing import Fenced
 
 from .fabric_driver import FabricDriver
 from .metrics import WorkerMetrics
@@ -157,6 +158,12 @@ class Worker:
                 self.handle([d.message for d in deliveries])
                 self.bus.ack(deliveries)
                 backoff_s = 0.1
+            except Fenced as exc:
+                # a newer leader exists, or our lease lapsed mid-pass: nothing was written
+                log.warning("worker pass refused by the fence", extra={"detail": str(exc)})
+                self.take_over()
+                time.sleep(backoff_s)
+                backoff_s = min(backoff_s * 2, 5.0)
             except Exception:
                 log.exception("worker pass failed; retrying from the durable state")
                 self.take_over()
