@@ -51,6 +51,23 @@ class ReportRow:
 
 
 @dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """A consumed report the engine could not use, and why."""
+
+    report: ReportRow
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetterRecord:
+    ord: int
+    job_id: str | None
+    reason: str
+    report: dict[str, Any]
+    at: Any
+
+
+@dataclass(frozen=True, slots=True)
 class PredictionRow:
     job_id: str
     algorithm: str
@@ -256,8 +273,10 @@ class TrafficRepository:
         decisions: Sequence[NewDecision],
         desired: Sequence[CrossConnect] | None = None,
         attributed: Mapping[int, tuple[str, ...]] | None = None,
+        dead_letters: Sequence[DeadLetter] = (),
     ) -> list[int]:
-        """Advance the cursor, upsert summaries, rewire, log decisions: one transaction."""
+        """Advance the cursor, upsert summaries, rewire, log decisions, set poison aside:
+        one transaction."""
         now = utcnow()
         with self.store.write_engine.begin() as conn:
             moved = conn.execute(
@@ -299,7 +318,34 @@ class TrafficRepository:
                     .where(t.traffic_reports.c.ord.in_(seqs))
                     .values(attributed=list(jobs))
                 )
+            if dead_letters:
+                conn.execute(
+                    insert(t.dead_letters),
+                    [
+                        {
+                            "ord": d.report.seq,
+                            "job_id": d.report.job_id,
+                            "reason": d.reason,
+                            "report": {
+                                "job_id": d.report.job_id,
+                                "phase_started_at": d.report.phase_started_at,
+                                "demands": d.report.demands,
+                            },
+                            "at": now,
+                        }
+                        for d in dead_letters
+                    ],
+                )
             return append_decisions(conn, decisions, now)
+
+    def dead_letters(self, after: int = 0, limit: int = 100) -> list[DeadLetterRecord]:
+        """Reports set aside by the worker, in consumption order, after `after` (an ord)."""
+        d = t.dead_letters
+        with self.store.read_engine.connect() as conn:
+            rows = conn.execute(
+                select(d).where(d.c.ord > after).order_by(d.c.ord).limit(limit)
+            ).all()
+        return [DeadLetterRecord(r.ord, r.job_id, r.reason, r.report, r.at) for r in rows]
 
     def prediction(self, job_id: str) -> PredictionRow | None:
         with self.store.read_engine.connect() as conn:
