@@ -255,7 +255,9 @@ async def list_jobs(
     services: ServicesDep,
     _scope: Annotated[Any, require("launcher")],
     state: Literal["queued", "placed", "completed", "failed", "cancelled"] | None = None,
-    after: Annotated[int, Query(ge=0, description="submission order to start after")] = 0,
+    after: Annotated[
+        int, Query(ge=0, le=2**63 - 1, description="submission order to start after")
+    ] = 0,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> JSONResponse:
     """Jobs in submission order, a page at a time."""

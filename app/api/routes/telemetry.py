@@ -10,6 +10,8 @@ from fastapi import APIRouter, Header, Query
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
+from app.store.traffic_repository import IdempotencyConflict
+
 from ..deps import Services, ServicesDep, require
 from ..problems import Problem
 from ..schemas import PredictionOut, TrafficAccepted, TrafficIn
@@ -103,7 +105,10 @@ async def report_traffic(
     traffic = services.extras["traffic"]
     # group commit: batches arriving together share one transaction and one relay kick
     stored = traffic.submit(reports, idempotency_key, services.extras["kick_relay"])
-    count, last = await asyncio.wrap_future(stored)
+    try:
+        count, last = await asyncio.wrap_future(stored)
+    except IdempotencyConflict as exc:
+        raise Problem(409, "Idempotency key reused", str(exc), kind="idempotency-conflict") from exc
     metrics = services.extras["metrics"]
     metrics.traffic_reports.inc(count)
     metrics.traffic_demands.inc(sum(len(d) for d in demands))
@@ -118,7 +123,7 @@ async def report_traffic(
 async def list_dead_letters(
     services: ServicesDep,
     _scope: Annotated[Any, require("telemetry")],
-    after: Annotated[int, Query(ge=0, le=2**62, description="last ord already seen")] = 0,
+    after: Annotated[int, Query(ge=0, le=2**63 - 1, description="last ord already seen")] = 0,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> JSONResponse:
     """Reports set aside by the worker (its cursor moved past them), oldest first."""
