@@ -232,7 +232,7 @@ async def get_job(
         if cached is not None:
             return Response(cached, media_type="application/json")
         generation = cache.generation()
-        record = services.store.get_job(job_id)
+        record = await run_in_threadpool(services.store.get_job, job_id)
         if record is not None:
             view = json.dumps(render_job(record), separators=(",", ":")).encode()
             cache.put(job_id, view, generation)
