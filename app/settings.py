@@ -52,6 +52,21 @@ class Settings(BaseSettings):
         ge=0,
         description="Postgres idle_in_transaction_session_timeout: a stalled transaction ends",
     )
+    retain_decisions_s: float = Field(
+        7 * 86400.0, gt=0, description="decisions older than this are deleted"
+    )
+    retain_reports_s: float = Field(
+        86400.0, gt=0, description="consumed traffic reports older than this are deleted"
+    )
+    idempotency_window_s: float = Field(
+        86400.0, gt=0, description="a traffic batch's Idempotency-Key is remembered this long"
+    )
+    retain_outbox_s: float = Field(
+        3600.0, gt=0, description="published outbox rows older than this are deleted"
+    )
+    retention_interval_s: float = Field(
+        60.0, gt=0, description="the leader runs retention at most this often"
+    )
     log_level: str = "INFO"
     max_body_bytes: int = Field(4 * 1024 * 1024, gt=0)
     admit_wait_s: float = Field(2.0, ge=0)

@@ -29,6 +29,7 @@ from app.southbound import HttpDriver, InProcessDriver, SouthboundDriver
 from app.store import Store, create_db_engine
 from app.store.fabric_repository import FabricRepository
 from app.store.fencing import Fence
+from app.store.retention import Retention, RetentionPolicy
 from app.store.traffic_repository import TrafficRepository
 from app.worker import Worker
 from app.worker.fabric_driver import FabricDriver
@@ -170,6 +171,16 @@ def attach_worker(
         turn_ms=settings.turn_ms,
     )
     fabric = FabricDriver(repo, TrafficRepository(store), cluster, config, metrics)
+    fabric.retention = Retention(
+        store,
+        RetentionPolicy(
+            decisions_s=settings.retain_decisions_s,
+            reports_s=settings.retain_reports_s,
+            idempotency_s=settings.idempotency_window_s,
+            outbox_s=settings.retain_outbox_s,
+        ),
+    )
+    fabric.retention_interval_s = settings.retention_interval_s
     controller = SwitchController(repo, driver, cluster, metrics, on_confirmed=fabric.confirmed)
     worker = Worker(
         store,

@@ -49,6 +49,7 @@ from app.engine.fabric import Decision
 from app.engine.plan_signature import Demand, aggregate_pod_demand, attribute_demands
 from app.store import NewDecision
 from app.store.fabric_repository import FabricRepository, PlacedJobRow
+from app.store.retention import Retention
 from app.store.traffic_repository import (
     DeadLetter,
     PredictionRow,
@@ -120,6 +121,9 @@ class FabricDriver:
         self.clock = clock
         self.confirmations: queue.SimpleQueue[SwitchConfirmed] = queue.SimpleQueue()
         self.memory: WorkerMemory | None = None
+        self.retention: Retention | None = None  # set by the wiring; run from the tick
+        self.retention_interval_s = 60.0
+        self._retained_at = float("-inf")
 
     # --- memory ---------------------------------------------------------------
 
@@ -267,7 +271,16 @@ class FabricDriver:
             if not self._consume_batch():
                 break
             did = True
+        self.retain()
         return did
+
+    def retain(self) -> None:
+        """Delete rows past their retention window, at most every `retention_interval_s`."""
+        now = time.monotonic()
+        if self.retention is None or now - self._retained_at < self.retention_interval_s:
+            return
+        self._retained_at = now
+        self.retention.run()
 
     def _consume_batch(self) -> bool:
         memory = self.memory
