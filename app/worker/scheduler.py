@@ -90,7 +90,7 @@ def schedule(
             busy_until=snapshot.busy_until,
         )
         try:
-            seqs = store.record_admission(
+            written = store.record_admission(
                 admission.placements,
                 examined=snapshot.unexamined,
                 queue_reasons=queue_reasons(cluster, snapshot, admission),
@@ -101,11 +101,15 @@ def schedule(
                 "scheduling pass raced a concurrent change, retrying", extra={"detail": str(exc)}
             )
             continue
-        placed = tuple(p.job_id for p in admission.placements)
-        for p, seq in zip(admission.placements, seqs, strict=True):
+        if written.left:
+            # a completion or cancel during the pass: those jobs are gone, the other
+            # placements stand; the freed servers are used by the next pass
+            log.info("jobs left the queue during admission", extra={"jobs": list(written.left)})
+        servers = {p.job_id: len(p.units) for p in admission.placements}
+        for job_id, seq in zip(written.placed, written.seqs, strict=True):
             log.info(
                 "job placed",
-                extra={"job_id": p.job_id, "seq": seq, "servers": len(p.units), "reason": reason},
+                extra={"job_id": job_id, "seq": seq, "servers": servers[job_id], "reason": reason},
             )
-        return SchedulingResult(placed, tuple(snapshot.unexamined), tuple(seqs))
+        return SchedulingResult(written.placed, tuple(snapshot.unexamined), written.seqs)
     raise ConcurrentChange(f"scheduling did not settle after {MAX_ATTEMPTS} attempts")
