@@ -80,7 +80,7 @@ async def get_cluster(services: ServicesDep, _scope: Annotated[Any, require()]) 
 async def list_decisions(
     services: ServicesDep,
     _scope: Annotated[Any, require()],
-    after: Annotated[int, Query(ge=0, description="last seq already processed")] = 0,
+    after: Annotated[int, Query(ge=0, le=2**63 - 1, description="last seq already processed")] = 0,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> JSONResponse:
     """Decisions with seq > `after`, gap-free.

@@ -6,9 +6,11 @@ import asyncio
 import math
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Header
+from fastapi import APIRouter, Header, Query
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
+
+from app.store.traffic_repository import IdempotencyConflict
 
 from ..deps import Services, ServicesDep, require
 from ..problems import Problem
@@ -18,12 +20,28 @@ from .jobs import JobIdPath
 router = APIRouter(prefix="/v1", tags=["telemetry"])
 
 
+# A phase's bytes, summed over its demands, must stay far from float overflow: the
+# engine sums them per pod pair and divides and takes logs of the sums. 1e30 bytes
+# (a million yottabytes) is beyond any real phase.
+MAX_REPORT_BYTES = 1e30
+
+
 def _check_servers(services: Services, batch: TrafficIn) -> list[list[Any]]:
-    """Each report's demands as [src, dst, bytes]; refuses the batch on unknown servers."""
+    """Each report's demands as [src, dst, bytes]; refuses the batch on unknown servers
+    or a report whose bytes sum past `MAX_REPORT_BYTES`."""
     has = services.cluster.has_server
     errors = []
     rows = []
     for i, report in enumerate(batch.reports):
+        total = sum(d.bytes for d in report.demands)  # inf past float range
+        if not total <= MAX_REPORT_BYTES:
+            errors.append(
+                {
+                    "field": f"body.reports.{i}.demands",
+                    "message": f"the report's bytes sum to {total:g}, over {MAX_REPORT_BYTES:g}",
+                    "type": "too_many_bytes",
+                }
+            )
         demands = []
         for k, d in enumerate(report.demands):
             for end in ("src", "dst"):
@@ -49,8 +67,8 @@ def _check_servers(services: Services, batch: TrafficIn) -> list[list[Any]]:
         raise Problem(
             422,
             "Invalid request",
-            f"{len(errors)} demand(s) name unknown servers or a server to itself; "
-            "the batch was refused whole",
+            f"{len(errors)} demand(s) name unknown servers or a server to itself, or a "
+            "report's bytes are out of range; the batch was refused whole",
             kind="validation",
             extra={"errors": errors[:100]},
         )
@@ -90,10 +108,43 @@ async def report_traffic(
     metrics = services.metrics
     # group commit: batches arriving together share one transaction and one relay kick
     stored = services.traffic.submit(reports, idempotency_key, services.kick_relay)
-    count, last = await asyncio.wrap_future(stored)
+    try:
+        count, last = await asyncio.wrap_future(stored)
+    except IdempotencyConflict as exc:
+        raise Problem(409, "Idempotency key reused", str(exc), kind="idempotency-conflict") from exc
     metrics.traffic_reports.inc(count)
     metrics.traffic_demands.inc(sum(len(d) for d in demands))
     return JSONResponse({"accepted": count, "last_seq": last}, status_code=202)
+
+
+@router.get(
+    "/traffic/dead-letters",
+    summary="Traffic reports the engine could not use, with the reason",
+    operation_id="listDeadLetters",
+)
+async def list_dead_letters(
+    services: ServicesDep,
+    _scope: Annotated[Any, require("telemetry")],
+    after: Annotated[int, Query(ge=0, le=2**63 - 1, description="last ord already seen")] = 0,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+) -> JSONResponse:
+    """Reports set aside by the worker (its cursor moved past them), oldest first."""
+    rows = await run_in_threadpool(services.traffic.dead_letters, after, limit)
+    return JSONResponse(
+        {
+            "dead_letters": [
+                {
+                    "ord": r.ord,
+                    "job_id": r.job_id,
+                    "reason": r.reason,
+                    "report": r.report,
+                    "at": r.at.isoformat().replace("+00:00", "Z") if r.at else None,
+                }
+                for r in rows
+            ],
+            "next": rows[-1].ord if len(rows) == limit else None,
+        }
+    )
 
 
 @router.get(
