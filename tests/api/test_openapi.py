@@ -25,6 +25,7 @@ OPERATION_IDS = {
     ("post", "/v1/jobs/{job_id}/fail"): "failJob",
     ("post", "/v1/jobs/{job_id}/heartbeat"): "heartbeatJob",
     ("post", "/v1/traffic"): "reportTraffic",
+    ("get", "/v1/traffic/dead-letters"): "listDeadLetters",
     ("get", "/v1/predictions/{job_id}"): "getPrediction",
     ("post", "/v1/advice/batch-size"): "adviseBatchSize",
     ("get", "/v1/cluster"): "getCluster",
@@ -237,5 +238,12 @@ def test_answers_match_their_documented_schemas(doc: dict[str, Any], server: Liv
         call("post", "/v1/jobs/{job_id}/fail", "/v1/jobs/s-1/fail", json={"exit_code": 1})
         advice = {"model": {"parameters": 1e9}, "parallelism": {"dp": 1}, "gpu_memory_bytes": 8e10}
         call("post", "/v1/advice/batch-size", json=advice)
-        for path in ("/v1/cluster", "/v1/topology", "/v1/decisions", "/healthz", "/readyz"):
+        for path in (
+            "/v1/cluster",
+            "/v1/topology",
+            "/v1/decisions",
+            "/v1/traffic/dead-letters",
+            "/healthz",
+            "/readyz",
+        ):
             assert call("get", path).status_code == 200, path
