@@ -80,6 +80,8 @@ def test_every_error_is_problem_json_and_every_success_has_a_schema(doc: dict[st
             assert "422" in statuses, (method, path)
         if "{job_id}" in path:
             assert "404" in statuses, (method, path)
+        if path.startswith("/v1/") and path != "/v1/advice/batch-size":
+            assert "Retry-After" in op["responses"]["503"]["headers"], (method, path)
     jobs = doc["paths"]["/v1/jobs/{job_id}"]
     assert {"403", "404", "409"} <= set(jobs["delete"]["responses"])
     assert "409" in doc["paths"]["/v1/jobs"]["post"]["responses"]
