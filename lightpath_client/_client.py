@@ -26,6 +26,7 @@ from ._exceptions import TransportError, WaitTimeout, problem_from_response
 from ._models import (
     Advice,
     ClusterState,
+    DeadLetterPage,
     Decision,
     DecisionPage,
     Job,
@@ -145,6 +146,11 @@ class _Calls:
         return Call(
             "GET", "/v1/decisions", DecisionPage.from_dict, {"after": after, "limit": limit}
         )
+
+    @staticmethod
+    def dead_letters(after: int, limit: int) -> Call[DeadLetterPage]:
+        params = {"after": after, "limit": limit}
+        return Call("GET", "/v1/traffic/dead-letters", DeadLetterPage.from_dict, params)
 
     @staticmethod
     def prediction(job_id: str) -> Call[Prediction]:
@@ -303,6 +309,10 @@ class Client(_Base):
     def prediction(self, job_id: str) -> Prediction:
         return self.request(_Calls.prediction(job_id))
 
+    def dead_letters(self, after: int = 0, limit: int = 100) -> DeadLetterPage:
+        """Traffic reports the worker set aside (scope telemetry); `next` is the next `after`."""
+        return self.request(_Calls.dead_letters(after, limit))
+
     def wait_for(
         self,
         job_id: str,
@@ -434,6 +444,9 @@ class AsyncClient(_Base):
 
     async def prediction(self, job_id: str) -> Prediction:
         return await self.request(_Calls.prediction(job_id))
+
+    async def dead_letters(self, after: int = 0, limit: int = 100) -> DeadLetterPage:
+        return await self.request(_Calls.dead_letters(after, limit))
 
     async def wait_for(
         self,

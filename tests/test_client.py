@@ -20,6 +20,7 @@ from lightpath_client import (
     AsyncClient,
     Client,
     Conflict,
+    DeadLetterPage,
     NotFound,
     PhaseReporter,
     ServiceUnavailable,
@@ -75,6 +76,7 @@ def test_sync_client_covers_the_lifecycle_with_typed_results(live: LiveServer) -
         decisions = lp.decisions(0, 1000)
         assert [d.seq for d in decisions.decisions] == list(range(1, decisions.next + 1))
         assert lp.decisions(decisions.next).decisions == ()  # next is the after to pass
+        assert lp.dead_letters() == DeadLetterPage((), None)
 
 
 def test_problems_are_raised_as_typed_exceptions(live: LiveServer) -> None:
@@ -272,3 +274,16 @@ def test_allreduce_reports_every_dp_group_as_one_phase() -> None:
         ("s11", "s10", 4e9),
     ]
     reporter.close()
+
+
+def test_dead_letters_are_typed() -> None:
+    from lightpath_client import DeadLetter
+
+    body = {
+        "dead_letters": [
+            {"ord": 7, "job_id": None, "reason": "too_many_bytes", "report": {"x": 1}, "at": None}
+        ],
+        "next": 7,
+    }
+    page = DeadLetterPage.from_dict(body)
+    assert page == DeadLetterPage((DeadLetter(7, None, "too_many_bytes", {"x": 1}, None),), 7)

@@ -3,8 +3,8 @@
 FastAPI writes the paths, schemas and the bearer security scheme (`deps.BEARER`;
 each operation's requirement lists the scopes it admits) from the routes; this
 module adds problem+json as the media type of every error status an operation
-can answer (read from what it takes: a body, parameters, a token, a job id), the
-scope in each description, and the request examples. The docs pages load their
+can answer (read from what it takes: a body, parameters, a token, a job id, the
+database), the scope in each description, and the request examples. The docs pages load their
 assets from this server (the `fastapi-offline` package ships them), so `/docs`
 works without the internet.
 """
@@ -60,7 +60,10 @@ DEFAULT_ERRORS = {
     404: "no such job",
     413: "the body exceeds LIGHTPATH_MAX_BODY_BYTES",
     422: "invalid path, query or body fields (`errors` lists them)",
+    503: "the database is busy or unreachable; nothing was done: retry after `Retry-After` seconds",
 }
+# Operations that never touch the database (so never answer its 503), by tag.
+IN_MEMORY_TAGS = {"advice"}
 
 
 def _problem_content() -> dict[str, Any]:
@@ -80,6 +83,8 @@ def _error_statuses(path: str, op: dict[str, Any]) -> set[int]:
             statuses.add(403)
     if "{job_id}" in path:
         statuses.add(404)
+    if path.startswith("/v1/") and not IN_MEMORY_TAGS & set(op.get("tags", ())):
+        statuses.add(503)
     return statuses
 
 
@@ -87,6 +92,11 @@ def _document_operation(path: str, op: dict[str, Any], schemas: dict[str, Any]) 
     responses: dict[str, Any] = op.setdefault("responses", {})
     for code in _error_statuses(path, op):
         responses.setdefault(str(code), {"description": DEFAULT_ERRORS[code]})
+        if code == 503:
+            responses[str(code)].setdefault("headers", {})["Retry-After"] = {
+                "description": "seconds to wait before retrying",
+                "schema": {"type": "integer"},
+            }
     for status, response in responses.items():
         if str(status).isdigit() and int(status) >= 400:
             response["content"] = _problem_content()

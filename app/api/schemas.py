@@ -275,6 +275,23 @@ class TrafficAccepted(BaseModel):
     last_seq: int
 
 
+class DeadLetterOut(BaseModel):
+    """A traffic report the worker set aside, and why."""
+
+    ord: int = Field(description="its place in the ingest order; the cursor of this list")
+    job_id: str | None
+    reason: str
+    report: dict[str, Any] = Field(description="the report as it was posted")
+    at: dt.datetime | None
+
+
+class DeadLetterPage(BaseModel):
+    dead_letters: list[DeadLetterOut]
+    next: int | None = Field(
+        None, description="pass as `after` for the next page; null on the last page"
+    )
+
+
 class PredictionOut(BaseModel):
     job_id: str
     algorithm: str

@@ -25,6 +25,7 @@ OPERATION_IDS = {
     ("post", "/v1/jobs/{job_id}/fail"): "failJob",
     ("post", "/v1/jobs/{job_id}/heartbeat"): "heartbeatJob",
     ("post", "/v1/traffic"): "reportTraffic",
+    ("get", "/v1/traffic/dead-letters"): "listDeadLetters",
     ("get", "/v1/predictions/{job_id}"): "getPrediction",
     ("get", "/v1/traffic/dead-letters"): "listDeadLetters",
     ("post", "/v1/advice/batch-size"): "adviseBatchSize",
@@ -80,6 +81,8 @@ def test_every_error_is_problem_json_and_every_success_has_a_schema(doc: dict[st
             assert "422" in statuses, (method, path)
         if "{job_id}" in path:
             assert "404" in statuses, (method, path)
+        if path.startswith("/v1/") and path != "/v1/advice/batch-size":
+            assert "Retry-After" in op["responses"]["503"]["headers"], (method, path)
     jobs = doc["paths"]["/v1/jobs/{job_id}"]
     assert {"403", "404", "409"} <= set(jobs["delete"]["responses"])
     assert "409" in doc["paths"]["/v1/jobs"]["post"]["responses"]
@@ -238,5 +241,12 @@ def test_answers_match_their_documented_schemas(doc: dict[str, Any], server: Liv
         call("post", "/v1/jobs/{job_id}/fail", "/v1/jobs/s-1/fail", json={"exit_code": 1})
         advice = {"model": {"parameters": 1e9}, "parallelism": {"dp": 1}, "gpu_memory_bytes": 8e10}
         call("post", "/v1/advice/batch-size", json=advice)
-        for path in ("/v1/cluster", "/v1/topology", "/v1/decisions", "/healthz", "/readyz"):
+        for path in (
+            "/v1/cluster",
+            "/v1/topology",
+            "/v1/decisions",
+            "/v1/traffic/dead-letters",
+            "/healthz",
+            "/readyz",
+        ):
             assert call("get", path).status_code == 200, path

@@ -14,7 +14,7 @@ from app.store.traffic_repository import IdempotencyConflict
 
 from ..deps import Services, ServicesDep, require
 from ..problems import Problem
-from ..schemas import PredictionOut, TrafficAccepted, TrafficIn
+from ..schemas import DeadLetterPage, PredictionOut, TrafficAccepted, TrafficIn
 from .jobs import JobIdPath
 
 router = APIRouter(prefix="/v1", tags=["telemetry"])
@@ -119,6 +119,7 @@ async def report_traffic(
 
 @router.get(
     "/traffic/dead-letters",
+    response_model=DeadLetterPage,
     summary="Traffic reports the engine could not use, with the reason",
     operation_id="listDeadLetters",
 )
