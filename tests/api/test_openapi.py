@@ -27,7 +27,6 @@ OPERATION_IDS = {
     ("post", "/v1/traffic"): "reportTraffic",
     ("get", "/v1/traffic/dead-letters"): "listDeadLetters",
     ("get", "/v1/predictions/{job_id}"): "getPrediction",
-    ("get", "/v1/traffic/dead-letters"): "listDeadLetters",
     ("post", "/v1/advice/batch-size"): "adviseBatchSize",
     ("get", "/v1/cluster"): "getCluster",
     ("get", "/v1/topology"): "getTopology",
