@@ -58,6 +58,7 @@ def summarize(result: SimResult) -> dict[str, Any]:
         "exposed_reconfig_s": sum(j.exposed_s for j in done),
         "prediction_hits": sum(j.hits for j in done),
         "prediction_misses": sum(j.misses for j in done),
+        "prediction_held": sum(j.held for j in done),
         "max_mlu": max((j.mlu for j in done), default=0.0),
         "wall_s": result.wall_s,
         # additions

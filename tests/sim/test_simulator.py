@@ -90,7 +90,9 @@ def test_zero_latency_reactive_equals_ideal_where_circuits_suffice():
         assert b.end_s == pytest.approx(a.end_s, rel=1e-12)
         assert b.exposed_s == 0.0
     slow = simulate(cluster, workload, "reactive", reconfig_ms=25.0)
-    assert slow.jobs[0].end_s > ideal.jobs[0].end_s  # the same fabric with a real OXC
+    # one phase per iteration on its own topology: the rule never rewires what cannot pay
+    assert slow.jobs[0].reconfigurations == 1  # the placement install only
+    assert slow.jobs[0].end_s == pytest.approx(ideal.jobs[0].end_s, rel=1e-12)
 
 
 def test_single_job_matches_hand_computed_iteration_time():
@@ -134,7 +136,7 @@ def test_runs_are_deterministic_for_a_seed():
         assert one == two
     summary = summarize(simulate(cluster, workload, "lightpath", seed=11))
     assert set(SUMMARY_FIELDS) <= set(summary)
-    assert summary["prediction_hits"] > 0
+    assert summary["prediction_hits"] + summary["prediction_held"] > 0
 
 
 def test_ecmp_polarisation_depends_on_the_seed_and_hurts():
