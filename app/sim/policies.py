@@ -53,7 +53,7 @@ from app.engine.predictor import LIGHTPATH, SEED
 from app.engine.rewiring_rules import HELD_TOPOLOGY
 from app.engine.traffic import ALGO_RING, PHASE_DP, PHASE_PP, DemandMatrix, job_traffic
 
-from .ecmp import ClosShape, hash_flows, link_capacity_bps, links_time_s
+from .ecmp import ClosShape, hash_flows, link_capacity_bps, links_time_s, spray_flows
 from .rewiring import (
     NO_REWIRING,
     PhaseSlot,
@@ -66,11 +66,23 @@ from .timing import JobTiming, job_timing, pipeline_span_s, pp_window_s
 
 IDEAL = "ideal"
 ECMP = "ecmp"
+ECMP_POLARISED = "ecmp-polarised"
+SPRAY = "spray"
 STATIC = "static"
 REACTIVE = "reactive"
 LIGHTPATH_POLICY = "lightpath"
 LIGHTPATH_SEED = "lightpath-seed"
-POLICIES = (IDEAL, ECMP, STATIC, REACTIVE, LIGHTPATH_POLICY, LIGHTPATH_SEED)
+POLICIES = (
+    IDEAL,
+    SPRAY,
+    ECMP,
+    ECMP_POLARISED,
+    STATIC,
+    REACTIVE,
+    LIGHTPATH_POLICY,
+    LIGHTPATH_SEED,
+)
+ELECTRICAL = (ECMP, ECMP_POLARISED, SPRAY)
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +100,8 @@ class PolicySpec:
 SPECS: dict[str, PolicySpec] = {
     IDEAL: PolicySpec(IDEAL, False, True, False, None, False),
     ECMP: PolicySpec(ECMP, False, False, False, None, False),
+    ECMP_POLARISED: PolicySpec(ECMP_POLARISED, False, False, False, None, False),
+    SPRAY: PolicySpec(SPRAY, False, False, False, None, False),
     STATIC: PolicySpec(STATIC, True, False, False, None, False),
     REACTIVE: PolicySpec(REACTIVE, True, False, True, None, False),
     LIGHTPATH_POLICY: PolicySpec(LIGHTPATH_POLICY, True, True, True, LIGHTPATH, True),
@@ -151,7 +165,9 @@ class JobProfile:
         send = t.send_ideal_s
         if pp_net_s > 0 and t.stages > 1:
             send = max(send, ALPHA_RING_S + pp_net_s / t.microbatches)
-        return pipeline_span_s(t, send) + max(self.dp_base_s, dp_net_s) + t.optimizer_s
+        return (
+            pipeline_span_s(t, send) + t.dp_exposed_s(max(self.dp_base_s, dp_net_s)) + t.optimizer_s
+        )
 
     def comm_s(self, pp_net_s: float, dp_net_s: float) -> float:
         """Time the job's network phases hold the network per iteration."""
@@ -186,7 +202,7 @@ def ideal_iteration_s(cluster: Cluster, job: Job, placement: Placement, timing: 
     """The job's iteration on the ideal fabric at this placement."""
     return (
         pipeline_span_s(timing, timing.send_ideal_s)
-        + ideal_dp_s(cluster, job, placement)
+        + timing.dp_exposed_s(ideal_dp_s(cluster, job, placement))
         + timing.optimizer_s
     )
 
@@ -225,12 +241,13 @@ class FabricContext:
     reconfig_ms: float
     seed: int
     clos: ClosShape | None = None
+    gpu: str | None = None
 
 
 def profile_ideal(
     ctx: FabricContext, job: Job, placement: Placement, iterations: int
 ) -> JobProfile:
-    timing = job_timing(job, ctx.cluster.server_gbps, ctx.cluster.gpus_per_server)
+    timing = job_timing(job, ctx.cluster.server_gbps, ctx.cluster.gpus_per_server, ctx.gpu)
     ideal = ideal_iteration_s(ctx.cluster, job, placement, timing)
     dp = ideal_dp_s(ctx.cluster, job, placement)
     outcome = NO_REWIRING
@@ -241,15 +258,24 @@ def profile_ecmp(ctx: FabricContext, job: Job, placement: Placement, iterations:
     """Ring (or the forced algorithm) over the hashed Clos; links shared with other jobs."""
     cluster, clos = ctx.cluster, ctx.clos
     assert clos is not None
-    timing = job_timing(job, cluster.server_gbps, cluster.gpus_per_server)
+    timing = job_timing(job, cluster.server_gbps, cluster.gpus_per_server, ctx.gpu)
     ideal = ideal_iteration_s(cluster, job, placement, timing)
     algorithm = ALGO_RING if job.collective in (Collective.AUTO, Collective.INC) else job.collective
     algorithm = str(algorithm)
     costs, _ = estimate_costs(cluster, job, placement, AggregatorLedger(), None)
     dp_base = costs[algorithm] if job.parallelism.dp > 1 else 0.0
     traffic = {t.phase: t for t in job_traffic(cluster, job, placement, algorithm)}
-    pp_load = hash_flows(cluster, clos, traffic[PHASE_PP].flows, ctx.seed)
-    dp_load = hash_flows(cluster, clos, traffic[PHASE_DP].flows, ctx.seed)
+    if ctx.spec.name == SPRAY:
+        pp_load = spray_flows(cluster, clos, traffic[PHASE_PP].flows)
+        dp_load = spray_flows(cluster, clos, traffic[PHASE_DP].flows)
+    else:
+        correlated = ctx.spec.name == ECMP_POLARISED
+        pp_load = hash_flows(
+            cluster, clos, traffic[PHASE_PP].flows, ctx.seed, correlated=correlated
+        )
+        dp_load = hash_flows(
+            cluster, clos, traffic[PHASE_DP].flows, ctx.seed, correlated=correlated
+        )
     shares = {
         link: Share(
             pp_load.get(link, 0.0),
@@ -269,7 +295,17 @@ def profile_ecmp(ctx: FabricContext, job: Job, placement: Placement, iterations:
                 mlu = max(mlu, links_time_s(cluster, clos, phase_load) / port_bound)
     outcome = NO_REWIRING
     return JobProfile(
-        timing, ideal, dp_base, pp_alone, dp_alone, outcome, algorithm, ECMP, mlu, True, shares
+        timing,
+        ideal,
+        dp_base,
+        pp_alone,
+        dp_alone,
+        outcome,
+        algorithm,
+        ctx.spec.name,
+        mlu,
+        True,
+        shares,
     )
 
 
@@ -319,7 +355,8 @@ def phase_slots(
     if job.parallelism.dp > 1:
         demand = _pod_demand(traffic[PHASE_DP])
         catalog, pid = classify_plan(catalog, demand)
-        slots.append(PhaseSlot(pid, demand, span, dp_s))
+        # gradient buckets go out from the start of stage 0's last backward pass
+        slots.append(PhaseSlot(pid, demand, span - timing.backward_s, dp_s))
     return slots
 
 
@@ -346,7 +383,7 @@ def profile_optical(
     cluster, spec = ctx.cluster, ctx.spec
     jf = state.job_fabric(job.job_id)
     assert jf is not None, "the job must be in the fabric plan"
-    timing = job_timing(job, cluster.server_gbps, cluster.gpus_per_server)
+    timing = job_timing(job, cluster.server_gbps, cluster.gpus_per_server, ctx.gpu)
     ideal = ideal_iteration_s(cluster, job, placement, timing)
     choice = jf.collective
     algorithm = choice.algorithm
@@ -435,4 +472,8 @@ def _iteration(timing: JobTiming, dp_base: float, pp_net: float, dp_net: float) 
     send = timing.send_ideal_s
     if pp_net > 0 and timing.stages > 1:
         send = max(send, ALPHA_RING_S + pp_net / timing.microbatches)
-    return pipeline_span_s(timing, send) + max(dp_base, dp_net) + timing.optimizer_s
+    return (
+        pipeline_span_s(timing, send)
+        + timing.dp_exposed_s(max(dp_base, dp_net))
+        + timing.optimizer_s
+    )

@@ -52,7 +52,7 @@ from app.engine.queue import QueuePolicy, admit_queued
 
 from .ecmp import DEFAULT_SPINES, clos_shape
 from .policies import (
-    ECMP,
+    ELECTRICAL,
     IDEAL,
     FabricContext,
     JobProfile,
@@ -166,8 +166,10 @@ class Simulation:
         queue_policy: QueuePolicy = QueuePolicy.FIFO,
         ecmp_spines: int = DEFAULT_SPINES,
         progress: ProgressFn | None = None,
+        gpu: str | None = None,
     ) -> None:
         self.cluster = cluster
+        self.gpu = gpu or cluster.gpu_model
         self.workload = list(workload)
         self.spec = spec_of(policy)
         self.reconfig_ms = cluster.reconfig_ms if reconfig_ms is None else reconfig_ms
@@ -179,7 +181,8 @@ class Simulation:
             self.spec,
             self.reconfig_ms,
             seed,
-            clos_shape(cluster, ecmp_spines) if self.spec.name == ECMP else None,
+            clos_shape(cluster, ecmp_spines) if self.spec.name in ELECTRICAL else None,
+            self.gpu,
         )
         self.free: set[str] = set(cluster.server_ids)
         self.queue: list[Job] = []
@@ -312,7 +315,7 @@ class Simulation:
     def _profile(self, job: Job, placement: Placement, iterations: int, at: float) -> JobProfile:
         if self.spec.name == IDEAL:
             return profile_ideal(self.ctx, job, placement, iterations)
-        if self.spec.name == ECMP:
+        if self.spec.name in ELECTRICAL:
             return profile_ecmp(self.ctx, job, placement, iterations)
         return profile_optical(self.ctx, job, placement, self.control, iterations, at)
 
@@ -561,6 +564,7 @@ def simulate(
     reconfig_ms: float | None = None,
     step_by_step: bool = False,
     progress: ProgressFn | None = None,
+    gpu: str | None = None,
 ) -> SimResult:
     """Run one policy over a workload; see `Simulation`."""
     return Simulation(
@@ -571,6 +575,7 @@ def simulate(
         reconfig_ms=reconfig_ms,
         step_by_step=step_by_step,
         progress=progress,
+        gpu=gpu,
     ).run()
 
 
