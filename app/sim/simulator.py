@@ -63,6 +63,7 @@ from .policies import (
     profile_optical,
     spec_of,
 )
+from .timing import pipeline_span_s
 from .workload import WorkloadJob
 
 _ARRIVAL, _ITERATION, _COMPLETION = 1, 0, 0  # completions/iterations before arrivals
@@ -95,6 +96,7 @@ class JobResult:
     holds_topology: bool = True
     refused: str | None = None
     stalled: str | None = None  # why the job could not progress (reported, not completed)
+    compute_iteration_s: float = 0.0  # the iteration with an infinitely fast network
 
     @property
     def slowdown(self) -> float | None:
@@ -115,6 +117,7 @@ class SimResult:
     compute_gpu_s: float
     wall_s: float = 0.0
     reconfig_ms: float = 0.0
+    queue_timeline: list[tuple[float, int]] = field(default_factory=list)  # (time, queued)
 
     @property
     def makespan_s(self) -> float:
@@ -203,6 +206,7 @@ class Simulation:
         self.key_users: dict[tuple[str, ...], set[str]] = defaultdict(set)
         self.done = 0
         self.now = 0.0
+        self.queue_timeline: list[tuple[float, int]] = []
 
     # ------------------------------------------------------------------ events
 
@@ -247,6 +251,7 @@ class Simulation:
             self.compute_gpu_s,
             time.perf_counter() - started,
             self.reconfig_ms,
+            self.queue_timeline,
         )
 
     def _arrive(self, at: float, job_id: str) -> None:
@@ -260,6 +265,11 @@ class Simulation:
             return
         self.queue.append(job)
         self._admit(at, changed=[])
+        self._note_queue(at)
+
+    def _note_queue(self, at: float) -> None:
+        if not self.queue_timeline or self.queue_timeline[-1][1] != len(self.queue):
+            self.queue_timeline.append((at, len(self.queue)))
 
     def _place_fn(self) -> Callable[..., object]:
         if self.spec.inc_aware and self.spec.optical:
@@ -285,6 +295,7 @@ class Simulation:
         ids = {p.job_id for p in placed}
         jobs = {j.job_id: j for j in self.queue if j.job_id in ids}
         self.queue = [j for j in self.queue if j.job_id not in ids]
+        self._note_queue(at)
         for p in placed:
             self.free.difference_update(p.servers)
             self.order.append(p.job_id)
@@ -332,6 +343,9 @@ class Simulation:
         result.hits = profile.rewiring.hits(entry.iterations)
         result.misses = profile.rewiring.misses(entry.iterations)
         result.held = profile.rewiring.held(entry.iterations)
+        result.compute_iteration_s = (
+            pipeline_span_s(profile.timing, 0.0) + profile.timing.optimizer_s
+        )
         run = _Run(
             entry,
             job,

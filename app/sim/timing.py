@@ -183,8 +183,10 @@ def pp_window_s(t: JobTiming, send_s: float) -> float:
     return pipeline_span_s(t, send_s) - t.forward_s - t.backward_s
 
 
-def ideal_iteration_estimate_s(job: Job, server_gbps: float = DEFAULT_SERVER_GBPS) -> float:
+def ideal_iteration_estimate_s(
+    job: Job, server_gbps: float = DEFAULT_SERVER_GBPS, gpu: str | None = None
+) -> float:
     """Placement-free iteration estimate: pipeline at NIC rate plus a ring AllReduce."""
-    t = job_timing(job, server_gbps)
+    t = job_timing(job, server_gbps, gpu=gpu)
     dp = ring_time_s(job.parallelism.dp, t.gradient_bytes, gbps_to_bytes_per_s(server_gbps))
     return pipeline_span_s(t, t.send_ideal_s) + t.dp_exposed_s(dp) + t.optimizer_s
