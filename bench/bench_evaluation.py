@@ -20,6 +20,8 @@ Bound (exit 1 when missed): the timed cell (one family, one latency: 160 jobs x
 
 Run: .venv/bin/python bench/bench_evaluation.py [--families dense,moe] [--latencies 1,25]
      [--seeds 5] [--jobs 160]
+     (families can run as separate processes; `--merge` then rebuilds table.md
+     from their results_<family>.json)
 """
 
 from __future__ import annotations
@@ -84,7 +86,14 @@ def run_family(
             "aggregates": aggregates,
             "coinciding": coinciding(aggregates),
         }
-    return {"family": family, "gpu": gpu or "a100", "jobs": jobs, "cells": cells}
+    return {
+        "family": family,
+        "gpu": gpu or "a100",
+        "jobs": jobs,
+        "seeds": seeds,
+        "load_average": os.getloadavg()[0],
+        "cells": cells,
+    }
 
 
 def _cell_md(agg: dict[str, Any], key: str, scale: float, digits: int) -> str:
@@ -95,7 +104,10 @@ def _cell_md(agg: dict[str, Any], key: str, scale: float, digits: int) -> str:
 def markdown(results: list[dict[str, Any]]) -> str:
     lines = []
     for fam in results:
-        lines.append(f"\n**{fam['family']}** ({fam['gpu']}, {fam['jobs']} jobs, load {LOAD})\n")
+        lines.append(
+            f"\n**{fam['family']}** ({fam['gpu']}, {fam['jobs']} jobs, load {LOAD}, "
+            f"{fam.get('seeds', '?')} seeds; mean ± 95% CI)\n"
+        )
         latencies = list(fam["cells"])
         head = "| policy | network % (25 ms) | " + " | ".join(
             f"steady util % @ {lat} ms" for lat in latencies
@@ -174,8 +186,18 @@ def main() -> int:
     ap.add_argument("--latencies", default=",".join(f"{x:g}" for x in LATENCIES_MS))
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--jobs", type=int, default=160)
+    ap.add_argument(
+        "--merge", action="store_true", help="only rebuild table.md from results_*.json"
+    )
     args = ap.parse_args()
     console = Console(width=200)
+    if args.merge:
+        order = {f: i for i, f in enumerate(FAMILIES)}
+        merged = [json.loads(p.read_text()) for p in OUT.glob("results_*.json")]
+        merged.sort(key=lambda r: order.get(r["family"], 99))
+        (OUT / "table.md").write_text(markdown(merged))
+        console.print(markdown(merged))
+        return 0
     families = [f for f in args.families.split(",") if f]
     latencies = [float(x) for x in args.latencies.split(",") if x]
     OUT.mkdir(parents=True, exist_ok=True)

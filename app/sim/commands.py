@@ -30,6 +30,7 @@ from .report import (
     evaluation_table,
     job_rows,
     print_table,
+    seeded_summary,
     summarize,
     write_comparison_plot,
     write_error_bar_plot,
@@ -129,8 +130,10 @@ def run_simulate(
                 )
             progress.update(task, completed=len(workload) * seeds)
     results = [runs[p][0] for p in policies]
-    summaries = [summarize(r) for r in results]
-    aggregates = [aggregate([summarize(r) for r in runs[p]]) for p in policies]
+    per_seed = {p: [summarize(r) for r in runs[p]] for p in policies}
+    aggregates = [aggregate(per_seed[p]) for p in policies]
+    # one seed: the run's figures; several: the means, with `ci95` half-widths
+    summaries = [per_seed[p][0] if seeds == 1 else seeded_summary(per_seed[p]) for p in policies]
     if seeds == 1:
         print_table(summaries)
     title = f"{cluster.name}, {seeds} seed(s), reconfiguration {cluster.reconfig_ms:g} ms"
@@ -145,10 +148,10 @@ def run_simulate(
         for r in results:
             write_json(out / f"jobs_{r.policy}.json", job_rows(r))
         if len(results) == 1:
-            write_json(out / "summary.json", dict(summaries[0], seeds=aggregates[0]))
+            write_json(out / "summary.json", summaries[0])
         else:
-            for s, a in zip(summaries, aggregates, strict=True):
-                write_json(out / f"summary_{s['policy']}.json", dict(s, seeds=a))
+            for s in summaries:
+                write_json(out / f"summary_{s['policy']}.json", s)
             write_json(out / "comparison.json", dict(comparison(summaries), seeds=aggregates))
             write_comparison_plot(summaries, out / "comparison.png")
         write_error_bar_plot(aggregates, out / "evaluation.png", title)

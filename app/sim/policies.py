@@ -448,12 +448,26 @@ def profile_optical(
             state, job.job_id, slots, iteration, start_s, iterations=iterations
         )
     ran = dict(zip((s.plan_id for s in slots), outcome.topologies, strict=False))
+    own_by_plan = {slot.plan_id: own.get(name, held) for name, slot in by_phase.items()}
+
+    def ran_on(name: str, demand: DemandMatrix, hold_s: float, own_s: float) -> float:
+        """The phase's time on the topology it ran on in steady state."""
+        topo = ran.get(by_phase[name].plan_id, HELD_TOPOLOGY)
+        if topo == HELD_TOPOLOGY:
+            return hold_s
+        if topo == by_phase[name].plan_id:
+            return own_s
+        other = own_by_plan.get(topo)  # another phase's circuits were left installed
+        t = _net_s(demand, other, budget, gbps)[0] if other is not None else math.inf
+        # circuits that cannot carry it: the phase waits for a rewiring to its topology
+        return t if math.isfinite(t) else reconfig_s + hold_s
+
     pp_net, dp_net = pp_hold, dp_hold
-    holds = True
-    if PHASE_PP in by_phase and ran.get(by_phase[PHASE_PP].plan_id, HELD_TOPOLOGY) != HELD_TOPOLOGY:
-        pp_net, holds = pp_own, False
-    if PHASE_DP in by_phase and ran.get(by_phase[PHASE_DP].plan_id, HELD_TOPOLOGY) != HELD_TOPOLOGY:
-        dp_net, holds = dp_own, False
+    if PHASE_PP in by_phase:
+        pp_net = ran_on(PHASE_PP, pp_d, pp_hold, pp_own)
+    if PHASE_DP in by_phase:
+        dp_net = ran_on(PHASE_DP, dp_d, dp_hold, dp_own)
+    holds = all(t == HELD_TOPOLOGY for t in outcome.topologies)
     return JobProfile(
         timing,
         ideal,

@@ -337,6 +337,8 @@ def mean_ci95(values: Sequence[float]) -> tuple[float, float]:
     """(mean, half-width of the 95% confidence interval of the mean; 0 for one value)."""
     if not values:
         return 0.0, 0.0
+    if not all(math.isfinite(v) for v in values):
+        return math.inf, math.inf
     mean = statistics.fmean(values)
     if len(values) < 2:
         return mean, 0.0
@@ -460,3 +462,17 @@ def write_error_bar_plot(aggregates: Sequence[dict[str, Any]], path: Path, title
     b.tick_params(axis="x", rotation=30)
     fig.suptitle(title + ("  (* coincides with an earlier policy)" if same else ""))
     return _save(fig, path, plt)
+
+
+def seeded_summary(per_seed: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """summary.json over seeds: each number the mean, and `ci95` its CI half-widths."""
+    agg = aggregate(per_seed)
+    out: dict[str, Any] = dict(per_seed[0])
+    ci: dict[str, float] = {}
+    for key, value in agg.items():
+        if isinstance(value, dict):
+            out[key] = value["mean"] if value["values"] else None
+            ci[key] = value["ci95"]
+    out["seeds"] = len(per_seed)
+    out["ci95"] = ci
+    return out

@@ -227,4 +227,6 @@ def test_cli_generates_a_family_and_simulates_seeds(tmp_path: Path) -> None:
     )
     assert {"queueing_delay_s", "jct_s", "policy", "seed"} <= set(rows[0])
     assert (out / "evaluation.png").stat().st_size > 0
+    summary = json.loads((out / "summary_ideal.json").read_text())
+    assert summary["seeds"] == 2 and "steady_utilization" in summary["ci95"]
     assert run_simulate("seed-15k", str(path), ["ideal"], None, 0, None, gpu="z80") == 2
