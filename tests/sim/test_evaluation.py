@@ -230,3 +230,35 @@ def test_cli_generates_a_family_and_simulates_seeds(tmp_path: Path) -> None:
     summary = json.loads((out / "summary_ideal.json").read_text())
     assert summary["seeds"] == 2 and "steady_utilization" in summary["ci95"]
     assert run_simulate("seed-15k", str(path), ["ideal"], None, 0, None, gpu="z80") == 2
+
+
+def test_lightpath_rewires_per_phase_only_where_the_controller_finds_a_gap() -> None:
+    cluster = build_cluster(
+        "four",
+        pods=4,
+        tors_per_pod=1,
+        servers_per_tor=4,
+        uplink_ports_per_pod=8,
+        oxcs=2,
+        oxc_ports=32,
+        reconfig_ms=25.0,
+    )
+
+    def job(f: float) -> Job:
+        return Job(
+            "j",
+            Parallelism(dp=8, pp=2),
+            ModelFacts(
+                parameters=8e9, bytes_per_parameter=2, activation_bytes=256e6, microbatches=8
+            ),
+            ComputeTimes(f, 2 * f, f),
+        )
+
+    short = simulate(cluster, [WorkloadJob(job(0.005), 0.0, 200)], "lightpath").jobs[0]
+    assert short.hits == 0 and short.reconfigurations == 0  # 15 ms gaps < 25 ms: it holds
+    long = simulate(cluster, [WorkloadJob(job(0.2), 0.0, 200)], "lightpath").jobs[0]
+    assert long.hits > 0  # the controller pre-installed phases in 0.4 s gaps
+    assert long.hits + long.held + long.misses == 2 * 200  # every phase scored once
+    static = simulate(cluster, [WorkloadJob(job(0.2), 0.0, 200)], "static").jobs[0]
+    assert long.slowdown is not None and static.slowdown is not None
+    assert long.slowdown <= static.slowdown
