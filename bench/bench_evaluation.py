@@ -43,7 +43,7 @@ from app.sim.simulator import simulate
 
 POLICIES = ("ideal", "spray", "ecmp", "static", "reactive", "lightpath")
 ELECTRICAL = ("ideal", "spray", "ecmp")
-LATENCIES_MS = (1.0, 10.0, 25.0, 100.0)
+LATENCIES_MS = (25.0, 1.0, 100.0, 10.0)  # 25 ms first: the reference column
 LOAD = 1.2
 GENERATION_SEED = 1
 CELL_BOUND_S = 600.0
@@ -51,7 +51,12 @@ OUT = Path(__file__).resolve().parent / "out" / "evaluation"
 
 
 def run_family(
-    family: str, latencies: list[float], seeds: int, jobs: int, console: Console
+    family: str,
+    latencies: list[float],
+    seeds: int,
+    jobs: int,
+    console: Console,
+    partial: Path | None = None,
 ) -> dict[str, Any]:
     gpu = FAMILY_GPU.get(family)
     base_cluster = preset("seed-15k")
@@ -86,13 +91,17 @@ def run_family(
             "aggregates": aggregates,
             "coinciding": coinciding(aggregates),
         }
+        if partial is not None:  # each cell as soon as it is done
+            doc = {"family": family, "gpu": gpu or "a100", "jobs": jobs, "seeds": seeds}
+            doc["cells"] = dict(sorted(cells.items(), key=lambda kv: float(kv[0])))
+            partial.write_text(json.dumps(doc, indent=1) + "\n")
     return {
         "family": family,
         "gpu": gpu or "a100",
         "jobs": jobs,
         "seeds": seeds,
         "load_average": os.getloadavg()[0],
-        "cells": cells,
+        "cells": dict(sorted(cells.items(), key=lambda kv: float(kv[0]))),
     }
 
 
@@ -108,7 +117,7 @@ def markdown(results: list[dict[str, Any]]) -> str:
             f"\n**{fam['family']}** ({fam['gpu']}, {fam['jobs']} jobs, load {LOAD}, "
             f"{fam.get('seeds', '?')} seeds; mean ± 95% CI)\n"
         )
-        latencies = list(fam["cells"])
+        latencies = sorted(fam["cells"], key=float)
         head = "| policy | network % (25 ms) | " + " | ".join(
             f"steady util % @ {lat} ms" for lat in latencies
         )
@@ -142,7 +151,7 @@ def plot(fam: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    latencies = [float(x) for x in fam["cells"]]
+    latencies = sorted(float(x) for x in fam["cells"])
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
     for i, policy in enumerate(POLICIES):
         util = [fam["cells"][f"{x:g}"]["aggregates"][i]["steady_utilization"] for x in latencies]
@@ -205,7 +214,8 @@ def main() -> int:
     results = []
     worst = 0.0
     for family in families:
-        fam = run_family(family, latencies, args.seeds, args.jobs, console)
+        partial = OUT / f"results_{family}.json"
+        fam = run_family(family, latencies, args.seeds, args.jobs, console, partial)
         results.append(fam)
         worst = max([worst] + [c["wall_s"] for c in fam["cells"].values()])
         plot(fam, OUT / f"{family}.png")

@@ -33,6 +33,7 @@ No I/O; only engine calls plus this bookkeeping.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -222,12 +223,26 @@ def _net_s(
 ) -> tuple[float, float]:
     if demand.total_bytes <= 0:
         return 0.0, 0.0
+    return _net_cached(
+        tuple(demand.entries()), circuits, tuple(sorted(budget.items())), float(gbps)
+    )
+
+
+@functools.lru_cache(maxsize=4096)
+def _net_cached(
+    entries: tuple[tuple[str, str, float], ...],
+    circuits: PodCircuits,
+    budget: tuple[tuple[str, int], ...],
+    gbps: float,
+) -> tuple[float, float]:
+    """(completion, MLU) of one phase on circuits; memoised (the LP is the costly part)."""
+    ports = dict(budget)
     # over every pod the circuits touch, so two-hop paths may relay through the
     # job's pods that carry none of this phase's own traffic
-    pods = {p for p, _, _ in demand.entries()} | {q for _, q, _ in demand.entries()}
-    pods |= {p for a, b, _ in circuits.pairs() for p in (a, b) if p in budget}
+    pods = {p for p, _, _ in entries} | {q for _, q, _ in entries}
+    pods |= {p for a, b, _ in circuits.pairs() for p in (a, b) if p in ports}
     plan = evaluate_circuits(
-        DemandMatrix.from_entries(sorted(pods), demand.entries()), circuits, budget, gbps
+        DemandMatrix.from_entries(sorted(pods), list(entries)), circuits, ports, gbps
     )
     return plan.completion_s, plan.mlu
 
