@@ -195,32 +195,34 @@ def main() -> int:
     ap.add_argument("--latencies", default=",".join(f"{x:g}" for x in LATENCIES_MS))
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--jobs", type=int, default=160)
+    ap.add_argument("--out", default=str(OUT), help="output directory")
     ap.add_argument(
         "--merge", action="store_true", help="only rebuild table.md from results_*.json"
     )
     args = ap.parse_args()
+    out = Path(args.out)
     console = Console(width=200)
     if args.merge:
         order = {f: i for i, f in enumerate(FAMILIES)}
-        merged = [json.loads(p.read_text()) for p in OUT.glob("results_*.json")]
+        merged = [json.loads(p.read_text()) for p in out.glob("results_*.json")]
         merged.sort(key=lambda r: order.get(r["family"], 99))
-        (OUT / "table.md").write_text(markdown(merged))
+        (out / "table.md").write_text(markdown(merged))
         console.print(markdown(merged))
         return 0
     families = [f for f in args.families.split(",") if f]
     latencies = [float(x) for x in args.latencies.split(",") if x]
-    OUT.mkdir(parents=True, exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
     load = os.getloadavg()
     results = []
     worst = 0.0
     for family in families:
-        partial = OUT / f"results_{family}.json"
+        partial = out / f"results_{family}.json"
         fam = run_family(family, latencies, args.seeds, args.jobs, console, partial)
         results.append(fam)
         worst = max([worst] + [c["wall_s"] for c in fam["cells"].values()])
-        plot(fam, OUT / f"{family}.png")
-        (OUT / f"results_{family}.json").write_text(json.dumps(fam, indent=1) + "\n")
-    (OUT / "table.md").write_text(markdown(results))
+        plot(fam, out / f"{family}.png")
+        (out / f"results_{family}.json").write_text(json.dumps(fam, indent=1) + "\n")
+    (out / "table.md").write_text(markdown(results))
     console.print(markdown(results))
     after = os.getloadavg()
     console.print(
