@@ -445,7 +445,10 @@ class Simulation:
                 run.pp_net, run.dp_net = run.profile.pp_alone_s, run.profile.dp_alone_s
                 run.base_s = run.profile.iteration_s(run.pp_net, run.dp_net)
             fresh = run.iter_done == 0 and run.seg_start == at
-            if fresh or self._is_bulk(run):
+            if run.result.stalled is not None:  # a change may let it progress again
+                run.seg_start = max(run.seg_start, at)
+                self._schedule(run)
+            elif fresh or self._is_bulk(run):
                 self._schedule(run)
             # else: the iteration in progress keeps its end; the next one uses base_s
 
