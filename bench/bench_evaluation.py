@@ -199,13 +199,23 @@ def main() -> int:
     ap.add_argument(
         "--merge", action="store_true", help="only rebuild table.md from results_*.json"
     )
+    ap.add_argument("extra", nargs="*", help="with --merge: more result directories")
     args = ap.parse_args()
     out = Path(args.out)
     console = Console(width=200)
     if args.merge:
+        # every results_<family>.json under out and the extra directories, cells joined
         order = {f: i for i, f in enumerate(FAMILIES)}
-        merged = [json.loads(p.read_text()) for p in out.glob("results_*.json")]
-        merged.sort(key=lambda r: order.get(r["family"], 99))
+        by_family: dict[str, dict[str, Any]] = {}
+        for d in [out, *map(Path, args.extra)]:
+            for p in sorted(d.glob("results_*.json")):
+                doc = json.loads(p.read_text())
+                have = by_family.setdefault(doc["family"], dict(doc, cells={}))
+                have["cells"].update(doc["cells"])
+        merged = sorted(by_family.values(), key=lambda r: order.get(r["family"], 99))
+        for fam in merged:
+            fam["cells"] = dict(sorted(fam["cells"].items(), key=lambda kv: float(kv[0])))
+            plot(fam, out / f"{fam['family']}.png")
         (out / "table.md").write_text(markdown(merged))
         console.print(markdown(merged))
         return 0
