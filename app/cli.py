@@ -185,6 +185,10 @@ def simulate(
     out: Annotated[str | None, typer.Option(help="directory for summary, plots")] = None,
     seed: Annotated[int, typer.Option(help="random seed")] = 0,
     reconfig_ms: Annotated[float | None, typer.Option(help="OXC reconfiguration latency")] = None,
+    seeds: Annotated[int, typer.Option(help="jittered runs per policy (mean, 95% CI)")] = 1,
+    gpu: Annotated[
+        str | None, typer.Option(help="a100|h100|b200 (default: the cluster's gpu_model)")
+    ] = None,
 ) -> None:
     """Replay a workload through the engine on simulated time."""
     from app.logs import configure_logging
@@ -196,7 +200,9 @@ def simulate(
     policies = [policy] if policy else [p.strip() for p in (compare or "").split(",") if p.strip()]
     from app.sim.commands import run_simulate
 
-    raise typer.Exit(run_simulate(cluster, workload, policies, out, seed, reconfig_ms))
+    raise typer.Exit(
+        run_simulate(cluster, workload, policies, out, seed, reconfig_ms, seeds=seeds, gpu=gpu)
+    )
 
 
 workload_cli = typer.Typer(help="Build workload files for `simulate`.", no_args_is_help=True)
@@ -209,11 +215,27 @@ def workload_from_trace(
     out: Annotated[str, typer.Option(help="workload JSON Lines to write")],
     jobs: Annotated[int | None, typer.Option(help="keep the first N jobs")] = None,
     seed: Annotated[int, typer.Option(help="random seed for plan choice")] = 0,
+    load: Annotated[float, typer.Option(help="load factor: arrival times / load")] = 1.0,
 ) -> None:
     """Build a workload from a public trace and the model tables vendored in data/."""
     from app.sim.commands import run_from_trace
 
-    raise typer.Exit(run_from_trace(trace, out, jobs, seed))
+    raise typer.Exit(run_from_trace(trace, out, jobs, seed, load))
+
+
+@workload_cli.command("generate")
+def workload_generate(
+    family: Annotated[str, typer.Option(help="dense|bigspan|moe|comm-heavy")],
+    out: Annotated[str, typer.Option(help="workload JSON Lines to write")],
+    load: Annotated[float, typer.Option(help="offered load (1 = the cluster's servers)")] = 1.0,
+    jobs: Annotated[int, typer.Option(help="number of jobs")] = 160,
+    seed: Annotated[int, typer.Option(help="random seed")] = 0,
+    cluster: Annotated[str, typer.Option(help="preset or cluster file")] = "seed-15k",
+) -> None:
+    """Generate a workload family with Kalos-trace sizes, run times and Poisson arrivals."""
+    from app.sim.commands import run_generate
+
+    raise typer.Exit(run_generate(family, cluster, load, jobs, seed, out))
 
 
 @cli.command()
