@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from app.engine.circuits import PodCircuits
 from app.engine.cluster import Cluster, build_cluster, cluster_from_dict, preset
 from app.engine.collective import AggregatorLedger
 from app.engine.controller import ControllerConfig, new_controller
@@ -117,7 +116,7 @@ def test_turns_charge_every_sharer_and_each_reconfiguration() -> None:
     cluster = _tight_cluster()
     state = new_controller(cluster, ControllerConfig(25.0, turn_ms=1000.0))
     assert turn_factor(state) == pytest.approx(1 / (1 - 0.025))
-    fabric = FabricPlan((), (), PodCircuits((), ()), 0.0, AggregatorLedger(), ("x", "y", "z"), ())
+    fabric = FabricPlan((), (), 0.0, AggregatorLedger(), ("x", "y", "z"), ())
     shared = replace(state, fabric=fabric)
     assert turn_factor(shared) == pytest.approx(3 / (1 - 0.025))
 
