@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Connection, Engine, delete, func, insert, select, text, update
+from sqlalchemy import Connection, Engine, case, delete, func, insert, null, select, text, update
 from sqlalchemy.exc import IntegrityError
 
 from app.engine.job import JobState, Placement
@@ -85,6 +85,7 @@ class Snapshot:
     aggregator_used_gbps: dict[str, float] = field(default_factory=dict)  # ToR -> INC Gb/s held
     # server -> epoch seconds its placed job is expected to end (jobs with walltime_s only)
     busy_until: dict[str, float] = field(default_factory=dict)
+    leased: frozenset[str] = frozenset()  # queued jobs that hold a heartbeat lease
 
 
 @dataclass(slots=True)
@@ -95,6 +96,7 @@ class PlacedFacts:
     servers: tuple[str, ...]
     ends: float | None  # epoch seconds its walltime runs out (None: no walltime)
     grants: dict[str, float]  # ToR -> INC Gb/s held, from its stored collective
+    leased: bool = False  # the job holds a heartbeat lease
 
 
 def grants_of(collective: dict[str, Any] | None) -> dict[str, float]:
@@ -119,6 +121,7 @@ class PlacedCache:
         self.facts: dict[str, PlacedFacts] = {}
         self.used: dict[str, str] = {}  # server -> job
         self.busy_until: dict[str, float] = {}  # server -> expected end
+        self.warm = False  # loaded from the database at least once
         self._lock = threading.Lock()
 
     def update(self, placed_ids: set[str], rows: Iterable[Any]) -> None:
@@ -130,23 +133,59 @@ class PlacedCache:
                         del self.used[server]
                         self.busy_until.pop(server, None)
             for r in rows:
-                placement = r.placement or {"units": []}
-                servers = tuple(u["server"] for u in placement["units"])
                 walltime = (r.body or {}).get("walltime_s")
-                ends = None
-                if walltime is not None and r.placed_at is not None:
-                    ends = _aware(r.placed_at).timestamp() + float(walltime)  # type: ignore[union-attr]
-                grants = grants_of(r.collective)
-                self.facts[r.job_id] = PlacedFacts(placement, servers, ends, grants)
-                self.used.update(dict.fromkeys(servers, r.job_id))
-                if ends is not None:
-                    self.busy_until.update(dict.fromkeys(servers, ends))
+                self._add(
+                    r.job_id,
+                    r.placement,
+                    r.placed_at,
+                    walltime,
+                    r.collective,
+                    r.lease_s is not None,
+                )
+            self.warm = True
+
+    def add(
+        self,
+        job_id: str,
+        placement: dict[str, Any],
+        placed_at: dt.datetime,
+        walltime_s: float | None,
+        leased: bool,
+    ) -> None:
+        """A job this process just placed (committed): no need to read it back."""
+        with self._lock:
+            self._add(job_id, placement, placed_at, walltime_s, None, leased)
+
+    def _add(
+        self,
+        job_id: str,
+        placement: dict[str, Any] | None,
+        placed_at: dt.datetime | None,
+        walltime_s: float | None,
+        collective: dict[str, Any] | None,
+        leased: bool,
+    ) -> None:
+        placement = placement or {"units": []}
+        servers = tuple(u["server"] for u in placement["units"])
+        ends = None
+        if walltime_s is not None and placed_at is not None:
+            ends = _aware(placed_at).timestamp() + float(walltime_s)  # type: ignore[union-attr]
+        grants = grants_of(collective)
+        self.facts[job_id] = PlacedFacts(placement, servers, ends, grants, leased)
+        self.used.update(dict.fromkeys(servers, job_id))
+        if ends is not None:
+            self.busy_until.update(dict.fromkeys(servers, ends))
+
+    def any_leased(self) -> bool:
+        with self._lock:
+            return any(f.leased for f in self.facts.values())
 
     def clear(self) -> None:
         with self._lock:
             self.facts.clear()
             self.used.clear()
             self.busy_until.clear()
+            self.warm = False
 
     def set_collective(self, job_id: str, collective: dict[str, Any] | None) -> None:
         with self._lock:
@@ -448,17 +487,23 @@ class Store:
         one every placed row is read and decoded.
         """
         cache = cache if cache is not None else PlacedCache()
-        with self.read_engine.connect() as conn, conn.begin():
-            queued_rows = conn.execute(
-                select(t.jobs.c.job_id, t.jobs.c.body, t.jobs.c.submitted_order, t.jobs.c.examined)
-                .where(t.jobs.c.state == JobState.QUEUED.value)
+        queued_body = case((t.jobs.c.state == JobState.QUEUED.value, t.jobs.c.body), else_=null())
+        with self.read_engine.connect() as conn:
+            # the queue and the ids of placed jobs in one statement (bodies of queued only)
+            current = conn.execute(
+                select(
+                    t.jobs.c.job_id,
+                    t.jobs.c.state,
+                    t.jobs.c.submitted_order,
+                    t.jobs.c.examined,
+                    t.jobs.c.lease_s,
+                    queued_body.label("body"),
+                )
+                .where(t.jobs.c.state.in_([JobState.QUEUED.value, JobState.PLACED.value]))
                 .order_by(t.jobs.c.submitted_order)
             ).all()
-            placed_ids = set(
-                conn.execute(
-                    select(t.jobs.c.job_id).where(t.jobs.c.state == JobState.PLACED.value)
-                ).scalars()
-            )
+            queued_rows = [r for r in current if r.state == JobState.QUEUED.value]
+            placed_ids = {r.job_id for r in current if r.state == JobState.PLACED.value}
             fresh = placed_ids.difference(cache.facts)
             rows: Sequence[Any] = []
             if fresh:
@@ -469,6 +514,7 @@ class Store:
                         t.jobs.c.collective,
                         t.jobs.c.placed_at,
                         t.jobs.c.body,
+                        t.jobs.c.lease_s,
                     ).where(
                         t.jobs.c.state == JobState.PLACED.value, t.jobs.c.job_id.in_(sorted(fresh))
                     )
@@ -477,7 +523,8 @@ class Store:
         used, placed, aggregators, busy_until = cache.view()
         queued = tuple(job_from_body(r.job_id, r.body, r.submitted_order) for r in queued_rows)
         unexamined = frozenset(r.job_id for r in queued_rows if not r.examined)
-        return Snapshot(queued, used, placed, unexamined, aggregators, busy_until)
+        leased = frozenset(r.job_id for r in queued_rows if r.lease_s is not None)
+        return Snapshot(queued, used, placed, unexamined, aggregators, busy_until, leased)
 
     def record_admission(
         self,
@@ -487,13 +534,15 @@ class Store:
         queue_reasons: dict[str, str],
         reason: str,
         collectives: dict[str, dict[str, Any]] | None = None,
+        now: dt.datetime | None = None,
     ) -> list[int]:
         """Place jobs, hold their servers and log the decisions, all or nothing.
 
         Raises ConcurrentChange when a job left the queue (completed) meanwhile
-        or a server was taken: the worker reloads and decides again.
+        or a server was taken: the worker reloads and decides again. `now` is
+        the placement time stored (default: the clock).
         """
-        now = utcnow()
+        now = now or utcnow()
         collectives = collectives or {}
         decisions = []
         try:
@@ -522,10 +571,12 @@ class Store:
                     decisions.append(
                         NewDecision("placement", p.job_id, reason, {"placement": payload})
                     )
-                for job_id in examined:
+                placed = {d.job_id for d in decisions}
+                seen = sorted(j for j in examined if j not in placed)  # placed: already set
+                if seen:
                     conn.execute(
                         update(t.jobs)
-                        .where(t.jobs.c.job_id == job_id)
+                        .where(t.jobs.c.job_id.in_(seen))
                         .where(t.jobs.c.state == JobState.QUEUED.value)
                         .values(examined=True)
                     )

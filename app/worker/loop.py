@@ -81,7 +81,9 @@ class Worker:
 
     def expire_leases(self) -> set[str]:
         """Fail placed jobs whose heartbeat lease ran out (freeing their servers)."""
-        expired = set()
+        expired: set[str] = set()
+        if self.placed.warm and not self.placed.any_leased():
+            return expired  # no placed job holds a lease: nothing to read
         for lease in expired_leases(self.store.leased_jobs(), time.time()):
             if self.store.expire_lease(lease):
                 log.warning("job lease expired", extra={"job_id": lease.job_id})

@@ -17,6 +17,8 @@ from app.engine.job import Job
 from app.engine.placement import place_job
 from app.engine.queue import Admission, QueuePolicy, admit_queued
 from app.store import ConcurrentChange, PlacedCache, Snapshot, Store
+from app.store.mapping import placement_to_json
+from app.store.repository import utcnow
 
 log = logging.getLogger("lightpath.worker")
 
@@ -89,18 +91,30 @@ def schedule(
             now=time.time(),
             busy_until=snapshot.busy_until,
         )
+        now = utcnow()
         try:
             seqs = store.record_admission(
                 admission.placements,
                 examined=snapshot.unexamined,
                 queue_reasons=queue_reasons(cluster, snapshot, admission),
                 reason=reason,
+                now=now,
             )
         except ConcurrentChange as exc:
             log.info(
                 "scheduling pass raced a concurrent change, retrying", extra={"detail": str(exc)}
             )
             continue
+        if cache is not None:  # committed: the next pass need not read these rows back
+            jobs = {j.job_id: j for j in snapshot.queued}
+            for p in admission.placements:
+                cache.add(
+                    p.job_id,
+                    placement_to_json(p),
+                    now,
+                    jobs[p.job_id].walltime_s,
+                    p.job_id in snapshot.leased,
+                )
         placed = tuple(p.job_id for p in admission.placements)
         for p, seq in zip(admission.placements, seqs, strict=True):
             log.info(
