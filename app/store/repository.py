@@ -12,7 +12,18 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Connection, Engine, case, delete, func, insert, null, select, text, update
+from sqlalchemy import (
+    Connection,
+    Engine,
+    delete,
+    func,
+    insert,
+    literal,
+    null,
+    select,
+    text,
+    update,
+)
 from sqlalchemy.exc import IntegrityError
 
 from app.engine.job import JobState, Placement
@@ -122,12 +133,14 @@ class PlacedCache:
         self.used: dict[str, str] = {}  # server -> job
         self.busy_until: dict[str, float] = {}  # server -> expected end
         self.warm = False  # loaded from the database at least once
+        self._leased = 0  # placed jobs holding a heartbeat lease
         self._lock = threading.Lock()
 
     def update(self, placed_ids: set[str], rows: Iterable[Any]) -> None:
         with self._lock:
             for gone in [j for j in self.facts if j not in placed_ids]:
                 facts = self.facts.pop(gone)
+                self._leased -= facts.leased
                 for server in facts.servers:
                     if self.used.get(server) == gone:
                         del self.used[server]
@@ -171,20 +184,22 @@ class PlacedCache:
         if walltime_s is not None and placed_at is not None:
             ends = _aware(placed_at).timestamp() + float(walltime_s)  # type: ignore[union-attr]
         grants = grants_of(collective)
+        previous = self.facts.get(job_id)
+        self._leased += leased - (previous.leased if previous is not None else False)
         self.facts[job_id] = PlacedFacts(placement, servers, ends, grants, leased)
         self.used.update(dict.fromkeys(servers, job_id))
         if ends is not None:
             self.busy_until.update(dict.fromkeys(servers, ends))
 
     def any_leased(self) -> bool:
-        with self._lock:
-            return any(f.leased for f in self.facts.values())
+        return self._leased > 0
 
     def clear(self) -> None:
         with self._lock:
             self.facts.clear()
             self.used.clear()
             self.busy_until.clear()
+            self._leased = 0
             self.warm = False
 
     def set_collective(self, job_id: str, collective: dict[str, Any] | None) -> None:
@@ -196,14 +211,18 @@ class PlacedCache:
     def view(
         self,
     ) -> tuple[dict[str, str], dict[str, dict[str, Any]], dict[str, float], dict[str, float]]:
-        """(server holders, placements, aggregator Gb/s per ToR, expected ends): copies."""
+        """(server holders, placements, aggregator Gb/s per ToR, expected ends).
+
+        Holders and ends are the cache's own dicts, not copies: read-only, and
+        valid until the next `update`/`add` (both made by the scheduling thread).
+        """
         with self._lock:
             aggregators: dict[str, float] = {}
             for facts in self.facts.values():
                 for tor, gbps in facts.grants.items():
                     aggregators[tor] = aggregators.get(tor, 0.0) + gbps
             placed = {j: f.placement for j, f in self.facts.items()}
-            return dict(self.used), placed, aggregators, dict(self.busy_until)
+            return self.used, placed, aggregators, self.busy_until
 
 
 def utcnow() -> dt.datetime:
@@ -487,23 +506,39 @@ class Store:
         one every placed row is read and decoded.
         """
         cache = cache if cache is not None else PlacedCache()
-        queued_body = case((t.jobs.c.state == JobState.QUEUED.value, t.jobs.c.body), else_=null())
+        placed_count = (
+            select(func.count())
+            .select_from(t.jobs)
+            .where(t.jobs.c.state == JobState.PLACED.value)
+            .scalar_subquery()
+        )
         with self.read_engine.connect() as conn:
-            # the queue and the ids of placed jobs in one statement (bodies of queued only)
+            # the queue, and how many jobs are placed (one statement: a union keeps
+            # the count when the queue is empty)
             current = conn.execute(
                 select(
                     t.jobs.c.job_id,
-                    t.jobs.c.state,
+                    t.jobs.c.body,
                     t.jobs.c.submitted_order,
                     t.jobs.c.examined,
                     t.jobs.c.lease_s,
-                    queued_body.label("body"),
                 )
-                .where(t.jobs.c.state.in_([JobState.QUEUED.value, JobState.PLACED.value]))
-                .order_by(t.jobs.c.submitted_order)
+                .where(t.jobs.c.state == JobState.QUEUED.value)
+                .union_all(select(null(), null(), placed_count, literal(False), null()))
+                .order_by("submitted_order")
             ).all()
-            queued_rows = [r for r in current if r.state == JobState.QUEUED.value]
-            placed_ids = {r.job_id for r in current if r.state == JobState.PLACED.value}
+            count_row = next(r for r in current if r.job_id is None)
+            queued_rows = [r for r in current if r.job_id is not None]
+            # every placement is the leader's own and enters the cache when made, so
+            # an equal count means nothing ended: the ids are read only when it differs
+            if cache.warm and count_row.submitted_order == len(cache.facts):
+                placed_ids = set(cache.facts)
+            else:
+                placed_ids = set(
+                    conn.execute(
+                        select(t.jobs.c.job_id).where(t.jobs.c.state == JobState.PLACED.value)
+                    ).scalars()
+                )
             fresh = placed_ids.difference(cache.facts)
             rows: Sequence[Any] = []
             if fresh:

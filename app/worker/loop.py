@@ -33,6 +33,8 @@ from .scheduler import schedule
 
 log = logging.getLogger("lightpath.worker")
 
+FABRIC_SETTLE_S = 0.01
+
 
 class CommandBus(Protocol):
     def consume(self, timeout_s: float) -> list[Delivery]: ...
@@ -213,9 +215,13 @@ class Worker:
         backoff_s = 0.1
         while not stop.is_set():
             self._fabric_due.wait(self.settings.worker_tick_s)
-            self._fabric_due.clear()
             if stop.is_set() or not is_leader():
+                self._fabric_due.clear()
                 continue
+            # let the answer to the arrival that asked for this pass go out first (it
+            # shares the interpreter), and coalesce what arrives meanwhile
+            stop.wait(FABRIC_SETTLE_S)
+            self._fabric_due.clear()
             try:
                 self.fabric_pass()
                 backoff_s = 0.1
