@@ -31,8 +31,13 @@ def _settings(cluster: str | None) -> Settings:
     try:
         settings = Settings()
     except ValidationError as exc:
-        typer.echo(f"error: invalid LIGHTPATH_* setting:\n{exc}", err=True)
-        raise typer.Exit(2) from exc
+        # never the offending values: they may be tokens or a database password
+        lines = [
+            f"  LIGHTPATH_{'_'.join(str(p) for p in e['loc']).upper()}: {e['msg']}"
+            for e in exc.errors(include_input=False, include_url=False)
+        ]
+        typer.echo("error: invalid LIGHTPATH_* setting:\n" + "\n".join(lines), err=True)
+        raise typer.Exit(2) from None
     if cluster is not None:
         settings = settings.model_copy(update={"cluster": cluster})
     from app.logs import configure_logging

@@ -26,6 +26,8 @@ from app.settings import Settings
 from app.southbound import HttpDriver, InProcessDriver, SouthboundDriver
 from app.store import Store, create_db_engine
 from app.store.fabric_repository import FabricRepository
+from app.store.fencing import Fence
+from app.store.retention import Retention, RetentionPolicy
 from app.store.traffic_repository import TrafficRepository
 from app.worker import Worker
 from app.worker.fabric_driver import FabricDriver
@@ -60,12 +62,18 @@ class Runtime:
     worker: Worker | None = None
     controller: SwitchController | None = None
     is_leader: Callable[[], bool] = lambda: True
+    # run first on the worker and switch-controller threads (binds them to the fence)
+    thread_init: Callable[[], None] = lambda: None
     closers: list[Callable[[], None]] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
     _threads: list[threading.Thread] = field(default_factory=list)
 
     def _spawn(self, name: str, target: Callable[..., None], *args: Any) -> None:
-        thread = threading.Thread(target=target, args=args, name=name, daemon=True)
+        def run() -> None:
+            self.thread_init()
+            target(*args)
+
+        thread = threading.Thread(target=run, name=name, daemon=True)
         thread.start()
         self._threads.append(thread)
 
@@ -73,6 +81,7 @@ class Runtime:
         if self.relay is not None:
             self.relay.start()
         if self.worker is not None:
+            self.worker.thread_init = self.thread_init  # its fabric thread is fenced too
             self._spawn("worker", self.worker.run, self._stop, self.is_leader)
         if self.controller is not None:
             self._spawn("switch-controller", self.controller.run, self._stop, self.is_leader)
@@ -97,11 +106,11 @@ def _api_services(settings: Settings, cluster: Cluster, store: Store, bus: Any) 
         cluster=cluster,
         store=store,
         bus=bus,
+        metrics=ApiMetrics(store, cluster, registry=CollectorRegistry()),
+        traffic=TrafficRepository(store),
+        fabric=FabricRepository(store),
         read_cache=JobViewCache(ttl_s=settings.read_cache_ttl_s),
     )
-    services.extras["metrics"] = ApiMetrics(store, cluster, registry=CollectorRegistry())
-    services.extras["fabric"] = FabricRepository(store)
-    services.extras["traffic"] = TrafficRepository(store)
     bus.listen(services.read_cache.on_change)
     bus.listen(services.waiters.on_change)
     return services
@@ -113,14 +122,14 @@ def build_runtime(settings: Settings, cluster: Cluster, *, with_worker: bool = T
     bus = InProcessBus()
     services = _api_services(settings, cluster, store, bus)
     relay = OutboxRelay(store, bus.publish)
-    services.extras["kick_relay"] = relay.kick
+    services.kick_relay = relay.kick
     runtime = Runtime(services, relay)
-    runtime.closers.append(services.extras["traffic"].close)
+    runtime.closers.append(services.traffic.close)
     if with_worker:
         driver = build_driver(settings, cluster)
         services.southbound = driver
         runtime.closers.append(driver.close)
-        registry = services.extras["metrics"].registry
+        registry = services.metrics.registry
         attach_worker(runtime, settings, cluster, store, bus, driver, WorkerMetrics(registry))
     return runtime
 
@@ -143,6 +152,16 @@ def attach_worker(
         turn_ms=settings.turn_ms,
     )
     fabric = FabricDriver(repo, TrafficRepository(store), cluster, config, metrics)
+    fabric.retention = Retention(
+        store,
+        RetentionPolicy(
+            decisions_s=settings.retain_decisions_s,
+            reports_s=settings.retain_reports_s,
+            idempotency_s=settings.idempotency_window_s,
+            outbox_s=settings.retain_outbox_s,
+        ),
+    )
+    fabric.retention_interval_s = settings.retention_interval_s
     controller = SwitchController(
         repo,
         driver,
@@ -186,8 +205,9 @@ def build_api_runtime(settings: Settings, cluster: Cluster) -> Runtime:
     # without Redis nobody listens: the worker's tick picks the recorded rows up
     relay = OutboxRelay(store, bus.publish) if settings.redis_url else None
     runtime = Runtime(services, relay)
-    services.extras["kick_relay"] = relay.kick if relay else (lambda: None)
-    runtime.closers.append(services.extras["traffic"].close)
+    if relay is not None:
+        services.kick_relay = relay.kick
+    runtime.closers.append(services.traffic.close)
     runtime.closers.append(bus.close)
     if settings.southbound_url:  # only for /readyz: the worker drives the switches
         services.southbound = HttpDriver(settings.southbound_url)
@@ -202,14 +222,24 @@ def build_worker_runtime(settings: Settings, cluster: Cluster) -> Runtime:
     store = build_store(settings)
     bus = build_bus(settings)
     registry = CollectorRegistry()
-    services = Services(settings=settings, cluster=cluster, store=store, bus=bus)
-    services.extras["metrics"] = ApiMetrics(store, cluster, registry=registry)
+    services = Services(
+        settings=settings,
+        cluster=cluster,
+        store=store,
+        bus=bus,
+        metrics=ApiMetrics(store, cluster, registry=registry),
+        traffic=TrafficRepository(store),
+        fabric=FabricRepository(store),
+    )
     driver = build_driver(settings, cluster)
     services.southbound = driver
     runtime = Runtime(services, None)
     metrics = WorkerMetrics(registry)
     attach_worker(runtime, settings, cluster, store, bus, driver, metrics)
     lease = RedisLease(settings.redis_url) if settings.redis_url else LocalLease()
+    # every transaction of the worker and switch threads carries the lease's token
+    fence = Fence(store.write_engine, lambda: lease.token)
+    runtime.thread_init = fence.bind_current_thread
     worker = runtime.worker
     assert worker is not None
 

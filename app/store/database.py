@@ -36,9 +36,28 @@ def create_db_engine(settings: Settings, *, for_writes: bool = True) -> Engine:
         )
         _configure_sqlite(engine, immediate=for_writes)
         return engine
-    engine = create_engine(url, pool_size=10, max_overflow=10)
+    engine = create_engine(
+        url,
+        pool_size=settings.db_pool_size,
+        max_overflow=settings.db_pool_size,
+        pool_timeout=settings.db_pool_timeout_s,
+        connect_args={"options": postgres_options(settings)},
+    )
     _ping_when_idle(engine, IDLE_PING_S)
     return engine
+
+
+def postgres_options(settings: Settings) -> str:
+    """Session settings: no statement waits on a lock, and no transaction stays open, for long.
+
+    A process stopped inside a transaction (SIGSTOP, a GC pause, a debugger)
+    would otherwise hold its row locks and block the API and a new leader
+    indefinitely; Postgres ends such a session after the idle timeout.
+    """
+    return (
+        f"-c lock_timeout={settings.db_lock_timeout_ms} "
+        f"-c idle_in_transaction_session_timeout={settings.db_idle_in_transaction_ms}"
+    )
 
 
 def _ping_when_idle(engine: Engine, idle_s: float) -> None:

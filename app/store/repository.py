@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import datetime as dt
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import (
     Connection,
     Engine,
+    bindparam,
     delete,
     func,
     insert,
@@ -225,6 +226,20 @@ class PlacedCache:
             return self.used, placed, aggregators, self.busy_until
 
 
+@dataclass(frozen=True, slots=True)
+class Admitted:
+    """What `record_admission` wrote: placed jobs with their decision seqs, and jobs that left."""
+
+    placed: tuple[str, ...]
+    seqs: tuple[int, ...]
+    left: tuple[str, ...] = ()  # chosen, but no longer queued when written: not placed
+
+
+def _chunks(items: list[str], size: int = 1000) -> Iterator[list[str]]:
+    for i in range(0, len(items), size):
+        yield items[i : i + size]
+
+
 def utcnow() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
 
@@ -283,6 +298,7 @@ def append_decisions(
     if not decisions:
         return []
     first = next_counter(conn, "decision_seq", len(decisions))
+    token = conn.info.get("fence_token")  # the leader's, when a fence opened this transaction
     rows = [
         {
             "seq": first + i,
@@ -291,6 +307,7 @@ def append_decisions(
             "job_id": d.job_id,
             "reason": d.reason,
             "payload": d.payload,
+            "token": token,
         }
         for i, d in enumerate(decisions)
     ]
@@ -570,62 +587,87 @@ class Store:
         reason: str,
         collectives: dict[str, dict[str, Any]] | None = None,
         now: dt.datetime | None = None,
-    ) -> list[int]:
-        """Place jobs, hold their servers and log the decisions, all or nothing.
+    ) -> Admitted:
+        """Place jobs, hold their servers and log the decisions in one short transaction.
 
-        Raises ConcurrentChange when a job left the queue (completed) meanwhile
-        or a server was taken: the worker reloads and decides again. `now` is
-        the placement time stored (default: the clock).
+        Set-based: one locking read of the jobs to place, one executemany per
+        kind of change, so the transaction's length does not grow with the
+        queue. A job that left the queue meanwhile (completed, cancelled) is
+        not placed and is named in `Admitted.left`; the other placements stand
+        (they never shared servers with it). Raises ConcurrentChange only when
+        a server was taken by another writer. `now` is the placement time
+        stored (default: the clock).
         """
         now = now or utcnow()
         collectives = collectives or {}
-        decisions = []
+        wanted = list(placements)
+        j = t.jobs
         try:
             with self.write_engine.begin() as conn:
-                for p in placements:
-                    payload = placement_to_json(p)
-                    changed = conn.execute(
-                        update(t.jobs)
-                        .where(t.jobs.c.job_id == p.job_id)
-                        .where(t.jobs.c.state == JobState.QUEUED.value)
+                queued: set[str] = set()
+                ids = [p.job_id for p in wanted]
+                for chunk in _chunks(ids):
+                    queued.update(
+                        conn.execute(
+                            select(j.c.job_id)
+                            .where(j.c.job_id.in_(chunk), j.c.state == JobState.QUEUED.value)
+                            .with_for_update()
+                        ).scalars()
+                    )
+                kept = [p for p in wanted if p.job_id in queued]
+                payloads = {p.job_id: placement_to_json(p) for p in kept}
+                if kept:
+                    conn.execute(
+                        update(j)
+                        .where(j.c.job_id == bindparam("b_job"))
                         .values(
                             state=JobState.PLACED.value,
-                            placement=payload,
-                            collective=collectives.get(p.job_id),
+                            placement=bindparam("b_placement"),
+                            collective=bindparam("b_collective"),
                             placed_at=now,
                             examined=True,
                             queue_reason=None,
-                        )
-                    ).rowcount
-                    if changed != 1:
-                        raise ConcurrentChange(f"job {p.job_id} is no longer queued")
+                        ),
+                        [
+                            {
+                                "b_job": p.job_id,
+                                "b_placement": payloads[p.job_id],
+                                "b_collective": collectives.get(p.job_id),
+                            }
+                            for p in kept
+                        ],
+                    )
                     conn.execute(
                         insert(t.server_assignments),
-                        [{"server_id": s, "job_id": p.job_id} for s in p.servers],
+                        [{"server_id": s, "job_id": p.job_id} for p in kept for s in p.servers],
                     )
-                    decisions.append(
-                        NewDecision("placement", p.job_id, reason, {"placement": payload})
-                    )
-                placed = {d.job_id for d in decisions}
-                seen = sorted(j for j in examined if j not in placed)  # placed: already set
-                if seen:
+                # jobs placed here are marked examined by their own update
+                for chunk in _chunks([e for e in examined if e not in payloads]):
                     conn.execute(
-                        update(t.jobs)
-                        .where(t.jobs.c.job_id.in_(seen))
-                        .where(t.jobs.c.state == JobState.QUEUED.value)
+                        update(j)
+                        .where(j.c.job_id.in_(chunk))
+                        .where(j.c.state == JobState.QUEUED.value)
+                        .where(j.c.examined.is_(False))
                         .values(examined=True)
                     )
-                for job_id, why in queue_reasons.items():
+                if queue_reasons:
                     conn.execute(
-                        update(t.jobs)
-                        .where(t.jobs.c.job_id == job_id)
-                        .where(t.jobs.c.state == JobState.QUEUED.value)
-                        .where(t.jobs.c.queue_reason.is_distinct_from(why))
-                        .values(queue_reason=why)
+                        update(j)
+                        .where(j.c.job_id == bindparam("b_job"))
+                        .where(j.c.state == JobState.QUEUED.value)
+                        .where(j.c.queue_reason.is_distinct_from(bindparam("b_why")))
+                        .values(queue_reason=bindparam("b_why")),
+                        [{"b_job": k, "b_why": v} for k, v in queue_reasons.items()],
                     )
-                return append_decisions(conn, decisions, now)
+                decisions = [
+                    NewDecision("placement", p.job_id, reason, {"placement": payloads[p.job_id]})
+                    for p in kept
+                ]
+                seqs = append_decisions(conn, decisions, now)
         except IntegrityError as exc:
             raise ConcurrentChange("a server was taken by another writer") from exc
+        left = tuple(p.job_id for p in wanted if p.job_id not in queued)
+        return Admitted(tuple(p.job_id for p in kept), tuple(seqs), left)
 
     # --- outbox -----------------------------------------------------------
 

@@ -21,6 +21,7 @@ few periods), so a takeover never replays the traffic history.
 
 from __future__ import annotations
 
+import gc
 import logging
 import queue
 import time
@@ -45,12 +46,18 @@ from app.engine.controller import (
     new_controller,
     step,
 )
-from app.engine.cross_connects import CrossConnect
+from app.engine.cross_connects import CrossConnect, realised_circuits
 from app.engine.fabric import Decision
 from app.engine.plan_signature import Demand, aggregate_pod_demand, attribute_demands
 from app.store import NewDecision
 from app.store.fabric_repository import FabricRepository, PlacedJobRow
-from app.store.traffic_repository import PredictionRow, ReportRow, TrafficRepository
+from app.store.retention import Retention
+from app.store.traffic_repository import (
+    DeadLetter,
+    PredictionRow,
+    ReportRow,
+    TrafficRepository,
+)
 
 from .metrics import WorkerMetrics
 
@@ -128,6 +135,9 @@ class FabricDriver:
         self.committed: tuple[CrossConnect, ...] | None = None
         # told the collectives written by a pass (the scheduler's aggregator totals follow them)
         self.on_views: Callable[[Mapping[str, dict[str, Any]]], None] | None = None
+        self.retention: Retention | None = None  # set by the wiring; run from the tick
+        self.retention_interval_s = 60.0
+        self._retained_at = float("-inf")
 
     # --- memory ---------------------------------------------------------------
 
@@ -160,6 +170,7 @@ class FabricDriver:
 
     def sync(self, reason: str, *, force: bool = False) -> FabricPassResult:
         """Placements, failed ports, confirmations and the clock into the controller."""
+        loading = self.memory is None
         if self.memory is None:
             self.memory = self._load()
             force = True
@@ -191,13 +202,17 @@ class FabricDriver:
             self._take_stored_counts(memory, [r.job.job_id for r in fresh])
         events.append(Tick(now))
         decisions = self._apply(events)
+        if loading:
+            # every placed job's plan is now in memory for the leader's lifetime: take
+            # it out of the collector's generations so full collections stay short
+            gc.freeze()
         changed_views = self._views()
         if not decisions and not changed_views and not force:
             return FabricPassResult(False, (), ())
         state = memory.state
         facts = {
             "mlu": state.fabric.mlu if state.fabric else 0.0,
-            "pod_circuits": state.fabric.pod_circuits.to_dict() if state.fabric else {},
+            "pod_circuits": realised_circuits(state.cluster, state.desired).to_dict(),
             "time_division": list(state.turn_order),
             "unmapped": [list(u) for u in state.fabric.unmapped] if state.fabric else [],
         }
@@ -308,7 +323,16 @@ class FabricDriver:
             if not self._consume_batch():
                 break
             did = True
+        self.retain()
         return did
+
+    def retain(self) -> None:
+        """Delete rows past their retention window, at most every `retention_interval_s`."""
+        now = time.monotonic()
+        if self.retention is None or now - self._retained_at < self.retention_interval_s:
+            return
+        self._retained_at = now
+        self.retention.run()
 
     def _consume_batch(self) -> bool:
         memory = self.memory
@@ -317,18 +341,36 @@ class FabricDriver:
         if not reports:
             return False
         by_server = {s: j for j, servers in memory.placed.items() for s in servers}
-        events: list[Event] = self._drain()
         attributed: dict[int, tuple[str, ...]] = {}
         touched: set[str] = set()
+        dead: list[DeadLetter] = []
         now = self.clock()
+        decisions = self._apply(self._drain())
         for report in reports:
-            groups = _groups(report, by_server)
+            # one report at a time: a report the engine cannot use is set aside with
+            # its reason and the cursor moves past it, instead of failing every pass
+            try:
+                groups = _groups(report, by_server)
+                events: list[Event] = [
+                    PhaseObserved(
+                        job_id,
+                        aggregate_pod_demand(self.cluster, demands),
+                        report.phase_started_at,
+                        now,
+                    )
+                    for job_id, demands in groups.items()
+                ]
+                decisions += self._apply(events)
+            except Exception as exc:
+                log.warning(
+                    "traffic report set aside",
+                    extra={"ord": report.seq, "job_id": report.job_id, "error": repr(exc)},
+                )
+                dead.append(DeadLetter(report, f"{type(exc).__name__}: {exc}"[:500]))
+                attributed[report.seq] = ()
+                continue
             attributed[report.seq] = tuple(sorted(groups))
-            for job_id, demands in groups.items():
-                demand = aggregate_pod_demand(self.cluster, demands)
-                events.append(PhaseObserved(job_id, demand, report.phase_started_at, now))
-                touched.add(job_id)
-        decisions = self._apply(events)
+            touched.update(groups)
         cursor = reports[-1].seq
         state = memory.state
         touched |= {d.job_id for d in decisions if d.job_id}
@@ -339,7 +381,10 @@ class FabricDriver:
             desired=state.desired if decisions else None,
             attributed=attributed,
             previous=memory.written,
+            dead_letters=dead,
         )
+        if dead:
+            self.metrics.dead_letters.inc(len(dead))
         if decisions:
             # no seqs: a duplicate pass wrote nothing, so what the table holds is unknown
             memory.written = state.desired if seqs else None

@@ -26,6 +26,7 @@ from app.engine.cluster import Cluster
 from app.engine.job_lease import expired_leases
 from app.settings import Settings
 from app.store import PlacedCache, Store
+from app.store.fencing import Fenced
 
 from .fabric_driver import FabricDriver
 from .metrics import WorkerMetrics
@@ -68,6 +69,8 @@ class Worker:
         self.metrics = metrics
         self.on_fabric_change = on_fabric_change
         self.passes = 0
+        # run first on the fabric thread (the process binds it to the lease's fence)
+        self.thread_init: Callable[[], None] = lambda: None
         self.replan = threading.Event()
         self.placed = PlacedCache()  # scheduling's memory of placed jobs
         driver.on_views = self._collectives_written
@@ -212,6 +215,7 @@ class Worker:
             self.bus.announce(JobsChanged(tuple(sorted(changed))))
 
     def _run_fabric(self, stop: threading.Event, is_leader: Callable[[], bool]) -> None:
+        self.thread_init()
         backoff_s = 0.1
         while not stop.is_set():
             self._fabric_due.wait(self.settings.worker_tick_s)
@@ -250,6 +254,12 @@ class Worker:
                 self.admit_pass([d.message for d in deliveries])
                 self.bus.ack(deliveries)
                 backoff_s = 0.1
+            except Fenced as exc:
+                # a newer leader exists, or our lease lapsed mid-pass: nothing was written
+                log.warning("worker pass refused by the fence", extra={"detail": str(exc)})
+                self.take_over()
+                time.sleep(backoff_s)
+                backoff_s = min(backoff_s * 2, 5.0)
             except Exception:
                 log.exception("worker pass failed; retrying from the durable state")
                 self.take_over()

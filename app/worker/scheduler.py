@@ -93,7 +93,7 @@ def schedule(
         )
         now = utcnow()
         try:
-            seqs = store.record_admission(
+            written = store.record_admission(
                 admission.placements,
                 examined=snapshot.unexamined,
                 queue_reasons=queue_reasons(cluster, snapshot, admission),
@@ -105,21 +105,27 @@ def schedule(
                 "scheduling pass raced a concurrent change, retrying", extra={"detail": str(exc)}
             )
             continue
+        if written.left:
+            # a completion or cancel during the pass: those jobs are gone, the other
+            # placements stand; the freed servers are used by the next pass
+            log.info("jobs left the queue during admission", extra={"jobs": list(written.left)})
         if cache is not None:  # committed: the next pass need not read these rows back
             jobs = {j.job_id: j for j in snapshot.queued}
+            stored = set(written.placed)
             for p in admission.placements:
-                cache.add(
-                    p.job_id,
-                    placement_to_json(p),
-                    now,
-                    jobs[p.job_id].walltime_s,
-                    p.job_id in snapshot.leased,
-                )
-        placed = tuple(p.job_id for p in admission.placements)
-        for p, seq in zip(admission.placements, seqs, strict=True):
+                if p.job_id in stored:
+                    cache.add(
+                        p.job_id,
+                        placement_to_json(p),
+                        now,
+                        jobs[p.job_id].walltime_s,
+                        p.job_id in snapshot.leased,
+                    )
+        servers = {p.job_id: len(p.units) for p in admission.placements}
+        for job_id, seq in zip(written.placed, written.seqs, strict=True):
             log.info(
                 "job placed",
-                extra={"job_id": p.job_id, "seq": seq, "servers": len(p.units), "reason": reason},
+                extra={"job_id": job_id, "seq": seq, "servers": servers[job_id], "reason": reason},
             )
-        return SchedulingResult(placed, tuple(snapshot.unexamined), tuple(seqs))
+        return SchedulingResult(written.placed, tuple(snapshot.unexamined), written.seqs)
     raise ConcurrentChange(f"scheduling did not settle after {MAX_ATTEMPTS} attempts")

@@ -189,7 +189,7 @@ async def submit_job(
                 kind="conflict",
             )
         return JSONResponse(render_job(record), status_code=200)
-    services.extras["kick_relay"]()
+    services.kick_relay()
     settled = await wait_for_job(
         services,
         job.job_id,
@@ -232,7 +232,7 @@ async def get_job(
         if cached is not None:
             return Response(cached, media_type="application/json")
         generation = cache.generation()
-        record = services.store.get_job(job_id)
+        record = await run_in_threadpool(services.store.get_job, job_id)
         if record is not None:
             view = json.dumps(render_job(record), separators=(",", ":")).encode()
             cache.put(job_id, view, generation)
@@ -255,7 +255,9 @@ async def list_jobs(
     services: ServicesDep,
     _scope: Annotated[Any, require("launcher")],
     state: Literal["queued", "placed", "completed", "failed", "cancelled"] | None = None,
-    after: Annotated[int, Query(ge=0, description="submission order to start after")] = 0,
+    after: Annotated[
+        int, Query(ge=0, le=2**63 - 1, description="submission order to start after")
+    ] = 0,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> JSONResponse:
     """Jobs in submission order, a page at a time."""
@@ -310,7 +312,7 @@ async def _end(
         raise Problem(
             409, "Job state conflict", detail, kind="job-state", extra={"job": render_job(record)}
         )
-    services.extras["kick_relay"]()
+    services.kick_relay()
     return JSONResponse(render_job(record))
 
 
