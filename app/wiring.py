@@ -64,10 +64,15 @@ def build_store(settings: Settings) -> Store:
     return Store(write, read)
 
 
+def _southbound_token(settings: Settings) -> str | None:
+    token = settings.southbound_token
+    return token.get_secret_value() if token is not None else None
+
+
 def build_driver(settings: Settings, cluster: Cluster) -> SouthboundDriver:
     """The HTTP driver when LIGHTPATH_SOUTHBOUND_URL is set, else in-process mock switches."""
     if settings.southbound_url:
-        return HttpDriver(settings.southbound_url)
+        return HttpDriver(settings.southbound_url, token=_southbound_token(settings))
     return InProcessDriver.for_cluster(
         cluster, fault_rate=settings.mock_fault_rate, seed=settings.mock_fault_seed
     )
@@ -221,7 +226,7 @@ def build_api_runtime(settings: Settings, cluster: Cluster) -> Runtime:
     runtime.closers.append(services.extras["traffic"].close)
     runtime.closers.append(bus.close)
     if settings.southbound_url:  # only for /readyz: the worker drives the switches
-        services.southbound = HttpDriver(settings.southbound_url)
+        services.southbound = HttpDriver(settings.southbound_url, token=_southbound_token(settings))
         runtime.closers.append(services.southbound.close)
     return runtime
 

@@ -153,9 +153,31 @@ class FabricRepository:
 
     # --- what the switches confirmed --------------------------------------
 
-    def save_confirmed(self, confirmed: Iterable[ConfirmedOxc]) -> None:
-        """Replace the confirmed rows of the OXCs read in this pass."""
+    def save_confirmed(
+        self, confirmed: Iterable[ConfirmedOxc], unreachable: Iterable[str] = ()
+    ) -> None:
+        """Replace the confirmed rows of the OXCs read in this pass; note which were not.
+
+        The `switches` fact keeps, per OXC, when it was last read and whether the
+        last pass reached it: an unreachable switch's rows are its last read, and
+        the topology view marks them stale.
+        """
+        confirmed = list(confirmed)
+        unreachable = set(unreachable)
+        now = utcnow()
         with self.store.write_engine.begin() as conn:
+            health = dict(
+                conn.execute(
+                    select(t.fabric_state.c.value).where(t.fabric_state.c.name == "switches")
+                ).scalar()
+                or {}
+            )
+            for oxc in confirmed:
+                health[oxc.oxc_id] = {"confirmed_at": now.isoformat(), "reachable": True}
+            for oxc_id in unreachable:
+                health[oxc_id] = {**health.get(oxc_id, {"confirmed_at": None}), "reachable": False}
+            if confirmed or unreachable:
+                self._put_fact(conn, "switches", health, now)
             for oxc in confirmed:
                 conn.execute(
                     delete(t.confirmed_ports).where(t.confirmed_ports.c.oxc_id == oxc.oxc_id)

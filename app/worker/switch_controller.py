@@ -60,8 +60,11 @@ class SwitchController:
             desired = self.repo.desired_by_oxc(o.id for o in self.cluster.oxcs)
             result = reconcile(self.driver, desired, policy=self.policy)
             self.repo.save_confirmed(
-                ConfirmedOxc(o, c.cross_connects, c.failed_ports)
-                for o, c in result.confirmed.items()
+                [
+                    ConfirmedOxc(o, c.cross_connects, c.failed_ports)
+                    for o, c in result.confirmed.items()
+                ],
+                unreachable=[o.id for o in self.cluster.oxcs if o.id not in result.confirmed],
             )
             self.passes += 1
             self.last = result

@@ -106,3 +106,20 @@ def test_change_notices_are_namespaced_by_redis_database(redis_url: str) -> None
     assert a.changes_channel != b.changes_channel
     a.close()
     b.close()
+
+
+def test_topology_marks_switches_the_last_pass_did_not_reach(server: LiveServer) -> None:
+    assert server.runtime is not None and server.runtime.controller is not None
+    server.runtime.controller.run_once()
+    with server.client() as c:
+        body = c.get("/v1/topology").json()
+        assert body["stale"] is False
+        assert all(o["stale"] is False and o["confirmed_at"] for o in body["oxcs"])
+        gone = body["oxcs"][0]["id"]
+        repo = server.runtime.services.extras["fabric"]
+        repo.save_confirmed([], unreachable=[gone])  # what a pass that cannot reach it writes
+        body = c.get("/v1/topology").json()
+        assert body["stale"] is True
+        view = {o["id"]: o for o in body["oxcs"]}
+        assert view[gone]["stale"] is True and view[gone]["confirmed_at"]
+        assert not any(o["stale"] for k, o in view.items() if k != gone)

@@ -83,14 +83,24 @@ async def list_decisions(
     return JSONResponse({"decisions": [render_decision(d) for d in records], "next": next_after})
 
 
-def _oxc_view(pairs: dict[str, list[tuple[int, int, str | None]]]) -> list[dict[str, Any]]:
-    return [
-        {
+def _oxc_view(
+    pairs: dict[str, list[tuple[int, int, str | None]]],
+    health: dict[str, dict[str, Any]] | None = None,
+) -> list[dict[str, Any]]:
+    out = []
+    for oxc_id, cc in sorted(pairs.items()):
+        view: dict[str, Any] = {
             "id": oxc_id,
             "cross_connects": [{"a": a, "b": b, "job_id": job} for a, b, job in sorted(cc)],
         }
-        for oxc_id, cc in sorted(pairs.items())
-    ]
+        if health is not None:
+            h = health.get(oxc_id, {})
+            at = h.get("confirmed_at")
+            view["confirmed_at"] = at.replace("+00:00", "Z") if at else None
+            # the last pass did not reach it (or never did): these pairs are its last read
+            view["stale"] = not h.get("reachable", False)
+        out.append(view)
+    return out
 
 
 def topology_view(services: Any) -> dict[str, Any]:
@@ -108,9 +118,12 @@ def topology_view(services: Any) -> dict[str, Any]:
     confirmed_pairs: dict[str, list[tuple[int, int, str | None]]] = {o.id: [] for o in cluster.oxcs}
     for cc in confirmed_ccs:
         confirmed_pairs[cc.oxc_id].append((cc.port_a, cc.port_b, cc.job_id or None))
+    health = repo.fact("switches") or {}
+    oxcs = _oxc_view(confirmed_pairs, health)
     body: dict[str, Any] = {
         "pod_circuits": realised_circuits(cluster, confirmed_ccs).to_dict(),
-        "oxcs": _oxc_view(confirmed_pairs),
+        "oxcs": oxcs,
+        "stale": any(o["stale"] for o in oxcs),
         "failed_ports": {o: sorted(c.failed_ports) for o, c in confirmed.items() if c.failed_ports},
     }
     facts = repo.fact("fabric") or {}
