@@ -153,7 +153,9 @@ class Worker:
             if not is_leader():
                 stop.wait(self.settings.worker_tick_s)  # a standby takes no messages
                 continue
-            deliveries = self.bus.consume(self.settings.worker_tick_s)
+            # a traffic backlog left by the last pass: go on at once (as a tick)
+            wait_s = 0.0 if self.driver.backlog else self.settings.worker_tick_s
+            deliveries = self.bus.consume(wait_s)
             try:
                 self.handle([d.message for d in deliveries])
                 self.bus.ack(deliveries)
