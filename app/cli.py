@@ -57,10 +57,12 @@ def _refuse_open_bind(settings: Settings, host: str) -> None:
 
 
 def _load_cluster(settings: Settings):  # type: ignore[no-untyped-def]
-    from app.wiring import ConfigError, load_cluster
+    from app.cluster_files import ConfigError, load_cluster
 
+    # LIGHTPATH_RECONFIG_MS overrides a cluster file's latencies only when it is set
+    reconfig_ms = settings.reconfig_ms if "reconfig_ms" in settings.model_fields_set else None
     try:
-        return load_cluster(settings.cluster, settings.reconfig_ms)
+        return load_cluster(settings.cluster, reconfig_ms)
     except ConfigError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc

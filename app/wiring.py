@@ -7,14 +7,11 @@ tests start them.
 
 from __future__ import annotations
 
-import json
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-import yaml
 from prometheus_client import CollectorRegistry
 
 from app.api.deps import Services
@@ -22,7 +19,8 @@ from app.api.metrics import ApiMetrics
 from app.api.read_cache import JobViewCache
 from app.bus import InProcessBus
 from app.bus.relay import OutboxRelay
-from app.engine.cluster import PRESETS, Cluster, cluster_from_dict, preset
+from app.cluster_files import ConfigError, load_cluster
+from app.engine.cluster import Cluster
 from app.engine.controller import ControllerConfig
 from app.settings import Settings
 from app.southbound import HttpDriver, InProcessDriver, SouthboundDriver
@@ -36,26 +34,8 @@ from app.worker.fabric_driver import FabricDriver
 from app.worker.metrics import WorkerMetrics
 from app.worker.switch_controller import SwitchController
 
-
-class ConfigError(Exception):
-    """The settings or the cluster description cannot work; the message says why."""
-
-
-def load_cluster(name_or_file: str, reconfig_ms: float | None = None) -> Cluster:
-    """A preset by name, or a YAML/JSON cluster file in the shape of `GET /v1/cluster`."""
-    if name_or_file in PRESETS:
-        return preset(name_or_file, reconfig_ms=reconfig_ms)
-    path = Path(name_or_file)
-    if not path.is_file():
-        raise ConfigError(
-            f"cluster {name_or_file!r} is neither a preset ({', '.join(PRESETS)}) nor a file"
-        )
-    try:
-        text = path.read_text()
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-        return cluster_from_dict(data, name=path.stem)
-    except (ValueError, yaml.YAMLError) as exc:
-        raise ConfigError(f"cluster file {path}: {exc}") from exc
+# the cluster loaders stay importable from here
+__all__ = ["ConfigError", "Runtime", "build_runtime", "load_cluster"]
 
 
 def build_store(settings: Settings) -> Store:
@@ -106,6 +86,7 @@ class Runtime:
         if self.relay is not None:
             self.relay.start()
         if self.worker is not None:
+            self.worker.thread_init = self.thread_init  # its fabric thread is fenced too
             self._spawn("worker", self.worker.run, self._stop, self.is_leader)
         if self.controller is not None:
             self._spawn("switch-controller", self.controller.run, self._stop, self.is_leader)
@@ -130,11 +111,11 @@ def _api_services(settings: Settings, cluster: Cluster, store: Store, bus: Any) 
         cluster=cluster,
         store=store,
         bus=bus,
+        metrics=ApiMetrics(store, cluster, registry=CollectorRegistry()),
+        traffic=TrafficRepository(store),
+        fabric=FabricRepository(store),
         read_cache=JobViewCache(ttl_s=settings.read_cache_ttl_s),
     )
-    services.extras["metrics"] = ApiMetrics(store, cluster, registry=CollectorRegistry())
-    services.extras["fabric"] = FabricRepository(store)
-    services.extras["traffic"] = TrafficRepository(store)
     bus.listen(services.read_cache.on_change)
     bus.listen(services.waiters.on_change)
     return services
@@ -146,14 +127,14 @@ def build_runtime(settings: Settings, cluster: Cluster, *, with_worker: bool = T
     bus = InProcessBus()
     services = _api_services(settings, cluster, store, bus)
     relay = OutboxRelay(store, bus.publish)
-    services.extras["kick_relay"] = relay.kick
+    services.kick_relay = relay.kick
     runtime = Runtime(services, relay)
-    runtime.closers.append(services.extras["traffic"].close)
+    runtime.closers.append(services.traffic.close)
     if with_worker:
         driver = build_driver(settings, cluster)
         services.southbound = driver
         runtime.closers.append(driver.close)
-        registry = services.extras["metrics"].registry
+        registry = services.metrics.registry
         attach_worker(runtime, settings, cluster, store, bus, driver, WorkerMetrics(registry))
     return runtime
 
@@ -186,7 +167,14 @@ def attach_worker(
         ),
     )
     fabric.retention_interval_s = settings.retention_interval_s
-    controller = SwitchController(repo, driver, cluster, metrics, on_confirmed=fabric.confirmed)
+    controller = SwitchController(
+        repo,
+        driver,
+        cluster,
+        metrics,
+        on_confirmed=fabric.confirmed,
+        desired_source=lambda: fabric.committed,
+    )
     worker = Worker(
         store,
         bus,
@@ -222,8 +210,9 @@ def build_api_runtime(settings: Settings, cluster: Cluster) -> Runtime:
     # without Redis nobody listens: the worker's tick picks the recorded rows up
     relay = OutboxRelay(store, bus.publish) if settings.redis_url else None
     runtime = Runtime(services, relay)
-    services.extras["kick_relay"] = relay.kick if relay else (lambda: None)
-    runtime.closers.append(services.extras["traffic"].close)
+    if relay is not None:
+        services.kick_relay = relay.kick
+    runtime.closers.append(services.traffic.close)
     runtime.closers.append(bus.close)
     if settings.southbound_url:  # only for /readyz: the worker drives the switches
         services.southbound = HttpDriver(settings.southbound_url, token=_southbound_token(settings))
@@ -238,8 +227,15 @@ def build_worker_runtime(settings: Settings, cluster: Cluster) -> Runtime:
     store = build_store(settings)
     bus = build_bus(settings)
     registry = CollectorRegistry()
-    services = Services(settings=settings, cluster=cluster, store=store, bus=bus)
-    services.extras["metrics"] = ApiMetrics(store, cluster, registry=registry)
+    services = Services(
+        settings=settings,
+        cluster=cluster,
+        store=store,
+        bus=bus,
+        metrics=ApiMetrics(store, cluster, registry=registry),
+        traffic=TrafficRepository(store),
+        fabric=FabricRepository(store),
+    )
     driver = build_driver(settings, cluster)
     services.southbound = driver
     runtime = Runtime(services, None)
@@ -249,7 +245,6 @@ def build_worker_runtime(settings: Settings, cluster: Cluster) -> Runtime:
     # every transaction of the worker and switch threads carries the lease's token
     fence = Fence(store.write_engine, lambda: lease.token)
     runtime.thread_init = fence.bind_current_thread
-    runtime.services.extras["fence"] = fence
     worker = runtime.worker
     assert worker is not None
 
@@ -257,6 +252,7 @@ def build_worker_runtime(settings: Settings, cluster: Cluster) -> Runtime:
         metrics.is_leader.set(1)
         worker.take_over()
         if runtime.controller is not None:
+            runtime.controller.reset()
             runtime.controller.kick()
 
     def deposed() -> None:

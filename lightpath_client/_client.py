@@ -177,7 +177,7 @@ class _Base:
         """Exponential backoff with full jitter; a numeric Retry-After wins (capped)."""
         if retry_after is not None and retry_after.replace(".", "", 1).isdigit():
             return min(float(retry_after), self.max_backoff_s)
-        return random.uniform(0.5, 1.0) * min(self.max_backoff_s, self.backoff_s * 2**attempt)
+        return random.uniform(0.5, 1.0) * min(self.max_backoff_s, self.backoff_s * 2.0**attempt)
 
     def _retry_after(self, response: httpx.Response | None, attempt: int) -> float | None:
         """Seconds to wait before retrying, or None when this answer is final."""
@@ -310,9 +310,14 @@ class Client(_Base):
         *,
         timeout_s: float | None = None,
         on_progress: Progress | None = None,
+        poll_s: float | None = None,
     ) -> Job:
-        """Long-poll until the job reaches `state` (or later); WaitTimeout at the deadline."""
-        waiter = _Waiter(job_id, state, timeout_s, self.poll_s)
+        """Long-poll until the job reaches `state` (or later); WaitTimeout at the deadline.
+
+        Each long-poll asks the server to hold the call `poll_s` (default the
+        client's); `on_progress(job, waited_s)` is called after each early answer.
+        """
+        waiter = _Waiter(job_id, state, timeout_s, poll_s or self.poll_s)
         while True:
             call = waiter.next_call()
             if call is None:
@@ -437,8 +442,9 @@ class AsyncClient(_Base):
         *,
         timeout_s: float | None = None,
         on_progress: Progress | None = None,
+        poll_s: float | None = None,
     ) -> Job:
-        waiter = _Waiter(job_id, state, timeout_s, self.poll_s)
+        waiter = _Waiter(job_id, state, timeout_s, poll_s or self.poll_s)
         while True:
             call = waiter.next_call()
             if call is None:

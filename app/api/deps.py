@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import hmac
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
-from fastapi import Depends, Request
+from fastapi import Depends, Request, Security
+from fastapi.security import HTTPBearer
 
 from app.engine.cluster import Cluster
 from app.settings import Settings
 from app.store import Store
+from app.store.fabric_repository import FabricRepository
+from app.store.traffic_repository import TrafficRepository
 
+from .metrics import ApiMetrics
 from .problems import Problem
 from .read_cache import JobViewCache
 from .waiters import JobWaiters
@@ -25,10 +30,14 @@ class Services:
     cluster: Cluster
     store: Store
     bus: Any
+    metrics: ApiMetrics
+    traffic: TrafficRepository
+    fabric: FabricRepository
     waiters: JobWaiters = field(default_factory=JobWaiters)
     read_cache: JobViewCache = field(default_factory=lambda: JobViewCache(ttl_s=1.0))
     southbound: Any = None
-    extras: dict[str, Any] = field(default_factory=dict)
+    kick_relay: Callable[[], None] = field(default=lambda: None)
+    tokens: dict[str, str] | None = None  # bearer token -> scope, parsed on first use
 
 
 async def get_services(request: Request) -> Services:
@@ -37,6 +46,16 @@ async def get_services(request: Request) -> Services:
 
 
 ServicesDep = Annotated[Services, Depends(get_services)]
+
+
+# Declares the bearer scheme to OpenAPI (so /docs can send a token); the scopes a
+# route admits are listed in its security requirement. The check is ours: `check`.
+BEARER = HTTPBearer(
+    scheme_name="bearerAuth",
+    description="a token from LIGHTPATH_API_TOKENS; its scope is launcher, telemetry or "
+    "operator (operator may call anything)",
+    auto_error=False,
+)
 
 
 def _scope_of(request: Request, tokens: dict[str, str]) -> str | None:
@@ -58,11 +77,14 @@ def require(*scopes: str) -> Any:
     An empty `scopes` admits any valid token.
     """
 
-    async def check(request: Request, services: ServicesDep) -> str | None:
-        tokens = services.extras.get("tokens")
+    async def check(
+        request: Request,
+        services: ServicesDep,
+        _bearer: Any = Security(BEARER, scopes=list(scopes)),  # noqa: B008 (FastAPI's idiom)
+    ) -> str | None:
+        tokens = services.tokens
         if tokens is None:
-            tokens = services.settings.token_scopes()
-            services.extras["tokens"] = tokens
+            tokens = services.tokens = services.settings.token_scopes()
         if not tokens:
             return None
         scope = _scope_of(request, tokens)

@@ -37,7 +37,7 @@ Redis or pydantic imports.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from .circuits import PodCircuits, evaluate_circuits, port_bound_s
@@ -45,6 +45,7 @@ from .cluster import Cluster
 from .collective import AggregatorLedger
 from .cross_connects import (
     CrossConnect,
+    changed_cross_connects,
     diff_cross_connects,
     map_cross_connects,
     port_pods,
@@ -320,11 +321,33 @@ def _completed(
         return state, ()
     jobs = tuple(pj for pj in state.jobs if pj.job.job_id != e.job_id)
     cycles = {k: v for k, v in state.cycles.items() if k != e.job_id}
-    return _reallocate(replace(state, cycles=cycles), jobs, "completion", e.at_s, grow=True)
+    # only the pods where the job held ports have more to give
+    freed = {p for cc in state.desired if cc.job_id == e.job_id for p in _pods_of(state, cc)}
+    gone = state.job_fabric(e.job_id)
+    if gone is not None:
+        freed.update(p for p, _ in gone.slice.pod_ports)
+    return _reallocate(
+        replace(state, cycles=cycles), jobs, "completion", e.at_s, grow=True, freed=freed
+    )
 
 
-def _growers(cluster: Cluster, fabric: FabricPlan, jobs: Sequence[PlacedJob]) -> set[str]:
-    """Isolated jobs whose slice is short of non-blocking on pods that now have free ports."""
+def _pods_of(state: ControllerState, cc: CrossConnect) -> tuple[str, ...]:
+    where = port_pods(state.cluster)
+    return tuple(
+        p for p in (where.get((cc.oxc_id, cc.port_a)), where.get((cc.oxc_id, cc.port_b))) if p
+    )
+
+
+def _growers(
+    cluster: Cluster,
+    fabric: FabricPlan,
+    jobs: Sequence[PlacedJob],
+    freed: Collection[str] | None = None,
+) -> set[str]:
+    """Isolated jobs whose slice is short of non-blocking on pods that now have free ports.
+
+    With `freed`, only jobs with a slice on one of those pods (where ports came free).
+    """
     free = {p.id: p.uplink_ports for p in cluster.pods}
     kept = {pj.job.job_id for pj in jobs}
     for jf in fabric.jobs:
@@ -334,6 +357,8 @@ def _growers(cluster: Cluster, fabric: FabricPlan, jobs: Sequence[PlacedJob]) ->
     out = set()
     for jf in fabric.jobs:
         if jf.job_id not in kept or jf.slice.mode != MODE_ISOLATED:
+            continue
+        if freed is not None and not any(p in freed for p, _ in jf.slice.pod_ports):
             continue
         if any(free[p] > 0 and jf.plan.completion_s > 0 for p, _ in jf.slice.pod_ports):
             if _is_port_bound(cluster, jf) and all(free[p] > 0 for p, _ in jf.slice.pod_ports):
@@ -359,11 +384,12 @@ def _reallocate(
     *,
     grow: bool,
     before_desired: tuple[CrossConnect, ...] | None = None,
+    freed: Collection[str] | None = None,
 ) -> tuple[ControllerState, tuple[Decision, ...]]:
     cluster = state.cluster
     previous = state.fabric
     if previous is not None and grow:
-        growers = _growers(cluster, previous, jobs)
+        growers = _growers(cluster, previous, jobs, freed)
         if growers:  # planned afresh, they take the freed ports
             previous = replace(
                 previous, jobs=tuple(j for j in previous.jobs if j.job_id not in growers)
@@ -373,29 +399,36 @@ def _reallocate(
     fabric = plan_fabric(
         cluster, jobs, state.desired, ledger, previous, tdm_active=active, keep_turns=not grow
     )
-    before = state.fabric or FabricPlan((), state.desired, PodCircuits((), ()), 0.0, ledger, (), ())
+    before = state.fabric or FabricPlan((), state.desired, 0.0, ledger, (), ())
     before = replace(
         before, cross_connects=state.desired if before_desired is None else before_desired
     )
-    decisions = diff_plans(before, fabric, reason)
+    changes = changed_cross_connects(before.cross_connects, fabric.cross_connects)
+    decisions = diff_plans(before, fabric, reason, changes)
     state = replace(state, jobs=jobs, fabric=fabric, desired=fabric.cross_connects)
     if active is None or not fabric.time_division or fabric.time_division[0] != active:
         state = replace(state, turn_started_s=at_s)
-    changed = _jobs_changed(before.cross_connects, fabric.cross_connects)
+    changed = _jobs_changed(before.cross_connects, fabric.cross_connects, changes)
     return _record_installs(state, changed, at_s), decisions
 
 
 def _jobs_changed(
-    before: Sequence[CrossConnect], after: Sequence[CrossConnect]
+    before: Sequence[CrossConnect],
+    after: Sequence[CrossConnect],
+    changes: tuple[tuple[CrossConnect, ...], tuple[CrossConnect, ...]],
 ) -> dict[str, str | None]:
     """Jobs whose cross-connects differ, with None (the caller sets what they are for)."""
+    gone, added = changes
+    touched = {cc.job_id for cc in gone + added}
     old: dict[str, set[tuple[str, int, int]]] = {}
     new: dict[str, set[tuple[str, int, int]]] = {}
     for cc in before:
-        old.setdefault(cc.job_id, set()).add(cc.key)
+        if cc.job_id in touched:
+            old.setdefault(cc.job_id, set()).add(cc.key)
     for cc in after:
-        new.setdefault(cc.job_id, set()).add(cc.key)
-    return {j: None for j in set(old) | set(new) if old.get(j) != new.get(j)}
+        if cc.job_id in touched:
+            new.setdefault(cc.job_id, set()).add(cc.key)
+    return {j: None for j in touched if old.get(j) != new.get(j)}
 
 
 def _record_installs(

@@ -31,8 +31,10 @@ from .collective import AggregatorLedger, CollectiveChoice, choose_collective, r
 from .cross_connects import (
     CrossConnect,
     OxcChange,
+    changed_cross_connects,
     diff_cross_connects,
     map_cross_connects,
+    port_pods,
     realised_circuits,
 )
 from .job import Job, Placement
@@ -78,7 +80,7 @@ class RoutingDecision:
         """The `routing` object of a GET /v1/decisions entry."""
         return {
             "phase": self.phase,
-            "algorithm": self.algorithm,
+            "algorithm": str(self.algorithm),
             "inc": self.inc,
             "aggregators": list(self.aggregators),
             "routes": [r.to_dict() for r in self.routes],
@@ -115,7 +117,6 @@ class FabricPlan:
 
     jobs: tuple[JobFabric, ...]
     cross_connects: tuple[CrossConnect, ...]
-    pod_circuits: PodCircuits
     mlu: float
     aggregators: AggregatorLedger
     time_division: tuple[str, ...]  # turn order; the first holds the shared ports now
@@ -124,16 +125,6 @@ class FabricPlan:
     def job(self, job_id: str) -> JobFabric | None:
         """The job's entry, or None."""
         return next((j for j in self.jobs if j.job_id == job_id), None)
-
-    def topology_dict(self) -> dict[str, object]:
-        """The desired half of GET /v1/topology: pod_circuits and cross-connects per OXC."""
-        by_oxc: dict[str, list[dict[str, object]]] = defaultdict(list)
-        for cc in self.cross_connects:
-            by_oxc[cc.oxc_id].append({"a": cc.port_a, "b": cc.port_b, "job_id": cc.job_id})
-        return {
-            "pod_circuits": self.pod_circuits.to_dict(),
-            "oxcs": [{"id": o, "cross_connects": v} for o, v in sorted(by_oxc.items())],
-        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -309,7 +300,7 @@ def plan_fabric(
             )
             continue
         if old is not None and old.slice.mode != MODE_TIME_DIVISION:
-            ledger = ledger.release(job_id).reserve(cluster, old.collective.grants)
+            # its grants are in `ledger` already (it came from `previous`)
             drafts.append(
                 _Draft(
                     pj.job,
@@ -348,6 +339,9 @@ def plan_fabric(
     for cc in current:
         held_by[cc.job_id].append(cc)
     wanted: dict[str, PodCircuits] = {}
+    untouched: list[CrossConnect] = []  # kept jobs' cross-connects, as the OXCs hold them
+    untouched_jobs: set[str] = set()
+    where = port_pods(cluster)
     planned: list[_Draft] = []
     for d in drafts:
         if d.reused is None and d.slice.mode != MODE_NONE:
@@ -365,26 +359,38 @@ def plan_fabric(
         if installs and d.reused is not None and held_by.get(job_id):
             # an unchanged allocation keeps exactly the circuits it holds now (its
             # current phase topology included): others' arrivals do not revert it
-            wanted[job_id] = realised_circuits(cluster, held_by[job_id], job_id)
+            held = [
+                cc
+                for cc in held_by[job_id]
+                if (a := where.get((cc.oxc_id, cc.port_a)))
+                and (b := where.get((cc.oxc_id, cc.port_b)))
+                and a != b
+            ]
+            if held:
+                untouched.extend(held)
+                untouched_jobs.add(job_id)
         elif installs and d.plan.circuits.total:
             wanted[job_id] = d.plan.circuits
-    mapping = map_cross_connects(cluster, wanted, current)
+    occupied = {(cc.oxc_id, cc.port_a) for cc in untouched}
+    occupied.update((cc.oxc_id, cc.port_b) for cc in untouched)
+    mapping = map_cross_connects(
+        cluster, wanted, (cc for cc in current if cc.job_id in wanted), occupied
+    )
     by_job: dict[str, list[CrossConnect]] = defaultdict(list)
     for cc in mapping.cross_connects:
         by_job[cc.job_id].append(cc)
+    lost = {u[0] for u in mapping.unmapped}
     out: list[JobFabric] = []
     for d in planned:
         job_id = d.job.job_id
-        if d.reused is not None and not _lost_circuits(d.reused, mapping.unmapped):
+        if d.reused is not None and (job_id in untouched_jobs or job_id not in lost):
             out.append(d.reused)
             continue
         real = realised_circuits(cluster, by_job.get(job_id, ()), job_id)
         out.append(_finish(cluster, d, real))
-    total = realised_circuits(cluster, mapping.cross_connects)
+    cross_connects = tuple(sorted(untouched + list(mapping.cross_connects), key=lambda c: c.key))
     mlu = max((j.plan.mlu for j in out if j.slice.mode == MODE_ISOLATED), default=0.0)
-    return FabricPlan(
-        tuple(out), mapping.cross_connects, total, mlu, ledger, tuple(tdm), mapping.unmapped
-    )
+    return FabricPlan(tuple(out), cross_connects, mlu, ledger, tuple(tdm), mapping.unmapped)
 
 
 _EMPTY_PLAN = CircuitPlan(PodCircuits((), ()), 0.0, 0.0, (), "none")
@@ -492,10 +498,6 @@ def _replace_plan(
     )
 
 
-def _lost_circuits(job: JobFabric, unmapped: Sequence[tuple[str, str, str, int]]) -> bool:
-    return any(u[0] == job.job_id for u in unmapped)
-
-
 def _finish(cluster: Cluster, d: _Draft, real: PodCircuits) -> JobFabric:
     """Evaluate the job on its realised circuits and write its routing headers."""
     job_id = d.job.job_id
@@ -557,17 +559,32 @@ def _combined(traffic: Sequence[PhaseTraffic]) -> DemandMatrix:
     return phases[PHASE_PP].plus(phases[PHASE_DP])
 
 
-def diff_plans(before: FabricPlan | None, after: FabricPlan, reason: str) -> tuple[Decision, ...]:
-    """Only what changed: oxc connect/disconnect per OXC, then changed routing per job/phase."""
-    current = before.cross_connects if before else ()
+def diff_plans(
+    before: FabricPlan | None,
+    after: FabricPlan,
+    reason: str,
+    changes: tuple[tuple[CrossConnect, ...], tuple[CrossConnect, ...]] | None = None,
+) -> tuple[Decision, ...]:
+    """Only what changed: oxc connect/disconnect per OXC, then changed routing per job/phase.
+
+    `changes` is `changed_cross_connects` of the two plans, when the caller has it.
+    """
+    if changes is None:
+        changes = changed_cross_connects(
+            before.cross_connects if before else (), after.cross_connects
+        )
+    gone, new = changes
     decisions: list[Decision] = []
-    owners = {cc.key: cc.job_id for cc in tuple(current) + after.cross_connects}
-    for change in diff_cross_connects(current, after.cross_connects):
+    owners = {cc.key: cc.job_id for cc in gone + new}
+    for change in diff_cross_connects(gone, new):
         jobs = {owners.get((change.oxc_id, a, b)) for a, b in change.connect + change.disconnect}
         job_id = jobs.pop() if len(jobs) == 1 else None
         decisions.append(Decision("oxc", job_id, reason, oxc=change))
-    old = {(r.job_id, r.phase): r for j in (before.jobs if before else ()) for r in j.routing}
+    was = {j.job_id: j for j in before.jobs} if before else {}
+    old = {(r.job_id, r.phase): r for j in was.values() for r in j.routing}
     for j in after.jobs:
+        if was.get(j.job_id) is j:
+            continue  # kept as it was: same headers
         for r in j.routing:
             if old.get((r.job_id, r.phase)) != r:
                 decisions.append(Decision("routing", r.job_id, reason, routing=r))

@@ -300,10 +300,14 @@ class TrafficRepository:
         decisions: Sequence[NewDecision],
         desired: Sequence[CrossConnect] | None = None,
         attributed: Mapping[int, tuple[str, ...]] | None = None,
+        previous: Sequence[CrossConnect] | None = None,
         dead_letters: Sequence[DeadLetter] = (),
     ) -> list[int]:
         """Advance the cursor, upsert summaries, rewire, log decisions, set poison aside:
-        one transaction."""
+        one transaction.
+
+        `previous`: the desired state as last written (see `replace_desired`).
+        """
         now = utcnow()
         with self.store.write_engine.begin() as conn:
             moved = conn.execute(
@@ -335,7 +339,7 @@ class TrafficRepository:
                 if not changed:
                     conn.execute(insert(t.predictions).values(job_id=p.job_id, **values))
             if desired is not None:
-                replace_desired(conn, desired)
+                replace_desired(conn, desired, previous)
             by_jobs: dict[tuple[str, ...], list[int]] = defaultdict(list)
             for seq, jobs in (attributed or {}).items():
                 by_jobs[jobs].append(seq)

@@ -16,7 +16,7 @@ from app.engine.cluster import Cluster
 from app.engine.job import Job
 from app.engine.placement import place_job
 from app.engine.queue import Admission, QueuePolicy, admit_queued
-from app.store import ConcurrentChange, Snapshot, Store
+from app.store import ConcurrentChange, PlacedCache, Snapshot, Store
 
 log = logging.getLogger("lightpath.worker")
 
@@ -62,10 +62,14 @@ def schedule(
     *,
     backfill: bool,
     reason: str,
+    cache: PlacedCache | None = None,
 ) -> SchedulingResult:
-    """Admit what fits now; retried on a concurrent change (e.g. a job completed meanwhile)."""
+    """Admit what fits now; retried on a concurrent change (e.g. a job completed meanwhile).
+
+    `cache`: the worker's memory of placed jobs, so a pass reads only what changed.
+    """
     for _attempt in range(MAX_ATTEMPTS):
-        snapshot = store.load_snapshot()
+        snapshot = store.load_snapshot(cache)
         if not snapshot.queued:
             return SchedulingResult((), (), ())
         free = frozenset(cluster.server_ids).difference(snapshot.used)

@@ -47,7 +47,7 @@ def test_a_report_the_engine_cannot_use_is_set_aside_and_the_cursor_moves_on(
     server: LiveServer,
 ) -> None:
     assert server.runtime is not None
-    traffic = server.runtime.services.extras["traffic"]
+    traffic = server.runtime.services.traffic
     with server.client() as c:
         job = c.post("/v1/jobs", json={"job_id": "big", "parallelism": {"dp": 8, "pp": 2}}).json()
         assert job["state"] == "placed", job

@@ -34,7 +34,12 @@ def numbers_in_range() -> Iterator[None]:
         ) from exc
 
 
-@router.post("/batch-size", response_model=AdviceOut, summary="Largest micro-batch that fits")
+@router.post(
+    "/batch-size",
+    response_model=AdviceOut,
+    summary="Largest micro-batch that fits",
+    operation_id="adviseBatchSize",
+)
 async def advise_batch_size(
     body: AdviceIn, _services: ServicesDep, _scope: Annotated[Any, require("launcher")]
 ) -> JSONResponse:

@@ -12,8 +12,8 @@ from app.engine.cluster import cluster_to_dict
 from app.engine.cross_connects import CrossConnect, realised_circuits
 from app.store import DecisionRecord
 
-from ..deps import ServicesDep, require
-from ..schemas import DecisionPage
+from ..deps import Services, ServicesDep, require
+from ..schemas import ClusterOut, DecisionPage, TopologyOut
 
 router = APIRouter(prefix="/v1", tags=["fabric"])
 
@@ -45,7 +45,12 @@ def render_decision(d: DecisionRecord) -> dict[str, Any]:
     return out
 
 
-@router.get("/cluster", summary="The cluster with live free/used state")
+@router.get(
+    "/cluster",
+    response_model=ClusterOut,
+    summary="The cluster with live free/used state",
+    operation_id="getCluster",
+)
 async def get_cluster(services: ServicesDep, _scope: Annotated[Any, require()]) -> JSONResponse:
     """Pods, ToRs, servers (free or held by which job) and OXCs, plus totals."""
     snapshot = await run_in_threadpool(services.store.load_snapshot)
@@ -66,7 +71,12 @@ async def get_cluster(services: ServicesDep, _scope: Annotated[Any, require()]) 
     return JSONResponse(body)
 
 
-@router.get("/decisions", response_model=DecisionPage, summary="The decision log, in seq order")
+@router.get(
+    "/decisions",
+    response_model=DecisionPage,
+    summary="The decision log, in seq order",
+    operation_id="listDecisions",
+)
 async def list_decisions(
     services: ServicesDep,
     _scope: Annotated[Any, require()],
@@ -75,11 +85,11 @@ async def list_decisions(
 ) -> JSONResponse:
     """Decisions with seq > `after`, gap-free.
 
-    `next` is the first seq not in this page (the last one + 1): resume with
-    `after=next-1`, i.e. the last seq you processed.
+    `next` is the `after` to pass for the next page: the last seq in this page
+    (the `after` asked for when there is nothing newer yet).
     """
     records = await run_in_threadpool(services.store.decisions_after, after, limit)
-    next_after = (records[-1].seq if records else after) + 1
+    next_after = records[-1].seq if records else after
     return JSONResponse({"decisions": [render_decision(d) for d in records], "next": next_after})
 
 
@@ -94,18 +104,18 @@ def _oxc_view(
             "cross_connects": [{"a": a, "b": b, "job_id": job} for a, b, job in sorted(cc)],
         }
         if health is not None:
-            h = health.get(oxc_id, {})
-            at = h.get("confirmed_at")
-            view["confirmed_at"] = at.replace("+00:00", "Z") if at else None
-            # the last pass did not reach it (or never did): these pairs are its last read
-            view["stale"] = not h.get("reachable", False)
+            # the switch controller's last pass could not read it: these pairs are its
+            # last read, not necessarily what it holds now
+            since = health.get("unreachable", {}).get(oxc_id)
+            view["stale"] = since is not None
+            view["unreachable_since"] = since.replace("+00:00", "Z") if since else None
         out.append(view)
     return out
 
 
-def topology_view(services: Any) -> dict[str, Any]:
+def topology_view(services: Services) -> dict[str, Any]:
     """Confirmed cross-connects (with the job each serves) and desired where they differ."""
-    repo = services.extras["fabric"]
+    repo = services.fabric
     cluster = services.cluster
     desired = repo.load_desired()
     owner = {cc.key: cc.job_id for cc in desired}
@@ -142,7 +152,12 @@ def topology_view(services: Any) -> dict[str, Any]:
     return body
 
 
-@router.get("/topology", summary="Cross-connects the switches confirmed, and desired ones")
+@router.get(
+    "/topology",
+    response_model=TopologyOut,
+    summary="Cross-connects the switches confirmed, and desired ones",
+    operation_id="getTopology",
+)
 async def get_topology(services: ServicesDep, _scope: Annotated[Any, require()]) -> JSONResponse:
     """What the OXCs hold now (as last confirmed), `desired` where it differs, MLU."""
     return JSONResponse(await run_in_threadpool(topology_view, services))

@@ -18,7 +18,6 @@ from ..schemas import PredictionOut, TrafficAccepted, TrafficIn
 from .jobs import JobIdPath
 
 router = APIRouter(prefix="/v1", tags=["telemetry"])
-_PROBLEMS = {"application/problem+json": {"schema": {"$ref": "#/components/schemas/Problem"}}}
 
 
 # A phase's bytes, summed over its demands, must stay far from float overflow: the
@@ -81,7 +80,11 @@ def _check_servers(services: Services, batch: TrafficIn) -> list[list[Any]]:
     status_code=202,
     response_model=TrafficAccepted,
     summary="Traffic-demand reports (one report = one communication phase)",
-    responses={413: {"content": _PROBLEMS}, 422: {"content": _PROBLEMS}},
+    operation_id="reportTraffic",
+    responses={
+        202: {"description": "stored durably (a batch is not addressable: no `Location`)"},
+        422: {"description": "invalid fields, unknown servers; the batch is refused whole"},
+    },
 )
 async def report_traffic(
     batch: TrafficIn,
@@ -102,14 +105,13 @@ async def report_traffic(
         {"job_id": r.job_id, "phase_started_at": r.phase_started_at, "demands": d}
         for r, d in zip(batch.reports, demands, strict=True)
     ]
-    traffic = services.extras["traffic"]
+    metrics = services.metrics
     # group commit: batches arriving together share one transaction and one relay kick
-    stored = traffic.submit(reports, idempotency_key, services.extras["kick_relay"])
+    stored = services.traffic.submit(reports, idempotency_key, services.kick_relay)
     try:
         count, last = await asyncio.wrap_future(stored)
     except IdempotencyConflict as exc:
         raise Problem(409, "Idempotency key reused", str(exc), kind="idempotency-conflict") from exc
-    metrics = services.extras["metrics"]
     metrics.traffic_reports.inc(count)
     metrics.traffic_demands.inc(sum(len(d) for d in demands))
     return JSONResponse({"accepted": count, "last_seq": last}, status_code=202)
@@ -127,7 +129,7 @@ async def list_dead_letters(
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> JSONResponse:
     """Reports set aside by the worker (its cursor moved past them), oldest first."""
-    rows = await run_in_threadpool(services.extras["traffic"].dead_letters, after, limit)
+    rows = await run_in_threadpool(services.traffic.dead_letters, after, limit)
     return JSONResponse(
         {
             "dead_letters": [
@@ -149,7 +151,7 @@ async def list_dead_letters(
     "/predictions/{job_id}",
     response_model=PredictionOut,
     summary="A job's learned communication cycle",
-    responses={404: {"content": _PROBLEMS}},
+    operation_id="getPrediction",
 )
 async def get_prediction(
     job_id: JobIdPath, services: ServicesDep, _scope: Annotated[Any, require()]
@@ -164,7 +166,7 @@ async def get_prediction(
     record = await run_in_threadpool(services.store.get_job, job_id)
     if record is None:
         raise Problem(404, "Not found", f"no job {job_id}", kind="unknown-job")
-    row = await run_in_threadpool(services.extras["traffic"].prediction, job_id)
+    row = await run_in_threadpool(services.traffic.prediction, job_id)
     state = row.state if row else {}
     exposed = row.exposed_reconfig_s if row else 0.0
     return JSONResponse(
