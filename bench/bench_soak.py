@@ -67,6 +67,7 @@ class Stats:
         self.latency: dict[str, list[float]] = defaultdict(list)
         self.status: dict[str, dict[int, int]] = defaultdict(lambda: defaultdict(int))
         self.errors: list[str] = []
+        self.unplaced = 0  # jobs not placed within the launcher's 20 s wait (then cancelled)
 
     def call(self, client: httpx.Client, name: str, method: str, path: str, **kw: Any) -> Any:
         """One request, retried on connection errors (the api never dies here)."""
@@ -208,9 +209,14 @@ def main() -> int:
                         stats.call(c, "DELETE /v1/jobs/{id}", "DELETE", f"/v1/jobs/{job_id}")
                         continue
                     params = {"wait_for": "placed", "timeout_s": 20}
-                    stats.call(
+                    got = stats.call(
                         c, "GET /v1/jobs/{id}?wait_for", "GET", f"/v1/jobs/{job_id}", params=params
                     )
+                    if got.json().get("state") != "placed":  # not placed in 20 s: give up on it
+                        with stats.lock:
+                            stats.unplaced += 1
+                        stats.call(c, "DELETE /v1/jobs/{id}", "DELETE", f"/v1/jobs/{job_id}")
+                        continue
                     time.sleep(args.hold_s)
                     stats.call(c, "POST complete", "POST", f"/v1/jobs/{job_id}/complete")
 
@@ -318,6 +324,7 @@ def main() -> int:
             ),
             "answers_503": sum(s.get(503, 0) for s in stats.status.values()),
             "connection_errors": len(stats.errors),
+            "jobs_not_placed_in_20s": stats.unplaced,
             "takeover_s": {k: round(v, 2) for k, v in takeovers},
             "rss_mb_start": {k: round(v, 1) for k, v in rss_start.items()},
             "rss_mb_end": {k: round(v, 1) for k, v in rss_end.items()},
