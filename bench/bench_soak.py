@@ -117,6 +117,7 @@ def main() -> int:
     parser.add_argument("--launchers", type=int, default=16)
     parser.add_argument("--hold-s", type=float, default=1.0)
     parser.add_argument("--redis-db", type=int, default=13)
+    parser.add_argument("--logs", help="write each process's log (stderr) under this directory")
     args = parser.parse_args()
 
     name = f"lightpath_soak_{uuid.uuid4().hex[:8]}"
@@ -148,9 +149,11 @@ def main() -> int:
     ports: dict[str, int] = {}
 
     def start(role: str, cmd: list[str], health: str) -> None:
-        p = subprocess.Popen(
-            [*run, *cmd], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-        )
+        err: Any = subprocess.DEVNULL
+        if args.logs:
+            Path(args.logs).mkdir(parents=True, exist_ok=True)
+            err = open(Path(args.logs) / f"{role}.log", "ab")  # noqa: SIM115
+        p = subprocess.Popen([*run, *cmd], env=env, stdout=subprocess.DEVNULL, stderr=err)
         procs[role] = p
         _wait_ready(health, p)
 

@@ -123,3 +123,30 @@ def test_the_new_leader_waits_for_a_transaction_the_old_one_left_open(postgres_u
     assert _tokens(new_store) == [(1, "new", 2)]
     old_store.dispose()
     new_store.dispose()
+
+
+def test_a_new_leaders_threads_raise_the_row_together_without_deadlock(
+    stores: tuple[Store, Store],
+) -> None:
+    old_store, new_store = stores
+    _write(old_store, Fence(old_store.write_engine, lambda: 4), "old")
+    new = Fence(new_store.write_engine, lambda: 5)
+    start = threading.Barrier(4)
+    errors: list[BaseException] = []
+
+    def first_transaction(k: int) -> None:
+        new.bind_current_thread()
+        start.wait()
+        try:
+            with new_store.write_engine.begin() as conn:
+                append_decisions(conn, [NewDecision("fabric", None, f"t{k}", {})], utcnow())
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=first_transaction, args=(k,)) for k in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(30)
+    assert not errors, errors
+    assert sorted(tok for _, _, tok in _tokens(new_store)) == [4, 5, 5, 5, 5]
