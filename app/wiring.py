@@ -243,7 +243,9 @@ def build_worker_runtime(settings: Settings, cluster: Cluster) -> Runtime:
     attach_worker(runtime, settings, cluster, store, bus, driver, metrics)
     lease = RedisLease(settings.redis_url) if settings.redis_url else LocalLease()
     # every transaction of the worker and switch threads carries the lease's token
-    fence = Fence(store.write_engine, lambda: lease.token)
+    fence = Fence(
+        store.write_engine, lambda: lease.token, advance=getattr(lease, "advance_past", None)
+    )
     runtime.thread_init = fence.bind_current_thread
     worker = runtime.worker
     assert worker is not None

@@ -49,10 +49,17 @@ class Fence:
     """Checks the lease token at the start of every transaction of the bound threads."""
 
     def __init__(
-        self, engine: Engine, token: Callable[[], int | None], name: str = "worker"
+        self,
+        engine: Engine,
+        token: Callable[[], int | None],
+        name: str = "worker",
+        advance: Callable[[int], int | None] | None = None,
     ) -> None:
         self.engine = engine
         self.token = token
+        # called with the stored token when ours is below it: a lease that still holds
+        # (its token counter lost, e.g. Redis restarted empty) takes a larger one
+        self.advance = advance
         self.name = name
         self._threads: set[int] = set()
         self._lock = threading.Lock()
@@ -92,6 +99,8 @@ class Fence:
         ).scalar()
         if stored is None or int(stored) != mine:
             self.refused += 1
+            if stored is not None and int(stored) > mine and self.advance is not None:
+                self.advance(int(stored))  # no-op unless we still hold the lease
             raise Fenced(f"the fencing row holds {stored} (ours {mine}): refusing to write")
         conn.info[TOKEN_KEY] = mine
 
