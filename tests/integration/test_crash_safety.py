@@ -33,12 +33,14 @@ import psycopg
 import pytest
 import redis
 
-from tests.conftest import ADMIN_URL
+from tests.conftest import ADMIN_URL, REDIS_URL
 from tests.support import free_port
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis, pytest.mark.timeout(150)]
 
-REDIS_DB = 13  # the stream and lease keys are fixed names: a database of its own
+# the stream and lease keys are fixed names: a database of its own, the one the test
+# run was given (LIGHTPATH_TEST_REDIS_URL), so two runs on one Redis never flush each other
+REDIS_DB = int(REDIS_URL.rsplit("/", 1)[1] or 0)
 CROSS_POD = {"dp": 6, "pp": 2}  # 12 servers: more than a pod of `small`, needs circuits
 SMALL = {"dp": 2, "pp": 1}
 
