@@ -1,11 +1,12 @@
 """The full stack as separate processes on PostgreSQL and Redis, killed mid-stream.
 
 api, worker and mock-oxc run as real subprocesses (`python -m app.cli ...`) on
-a database of their own and Redis database 13. While a telemetry thread streams
-traffic reports (labelled with a job id and unlabelled) and the launcher side
-streams job arrivals and completions, the worker and then the API are SIGKILLed
-with requests in flight and restarted; the mock switches fail 10% of commands,
-and one OXC port carrying a cross-connect loses light. A request counts as
+a database of their own and the Redis database of LIGHTPATH_TEST_REDIS_URL.
+While a telemetry thread streams traffic reports (labelled with a job id and
+unlabelled) and the launcher side streams job arrivals and completions, the
+worker and then the API are SIGKILLed with requests in flight and restarted;
+the mock switches fail 10% of commands, and one OXC port carrying a
+cross-connect loses light. A request counts as
 acknowledged only on a 2xx; clients retry through crashes (traffic with an
 Idempotency-Key, jobs and completions are idempotent by id).
 
