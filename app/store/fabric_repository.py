@@ -243,6 +243,19 @@ class FabricRepository:
                 written += len(fresh)
         return written
 
+    def save_reachability(self, unreachable: Iterable[str]) -> None:
+        """Which switches the last pass could not read, and since when (the `switches` fact)."""
+        now = utcnow()
+        with self.store.write_engine.begin() as conn:
+            before = (
+                conn.execute(
+                    select(t.fabric_state.c.value).where(t.fabric_state.c.name == "switches")
+                ).scalar()
+                or {}
+            ).get("unreachable", {})
+            since = {o: before.get(o, now.isoformat()) for o in sorted(unreachable)}
+            self._put_fact(conn, "switches", {"unreachable": since}, now)
+
     def load_confirmed(self) -> dict[str, ConfirmedOxc]:
         pairs: dict[str, set[tuple[int, int]]] = defaultdict(set)
         failed: dict[str, set[int]] = defaultdict(set)

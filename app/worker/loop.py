@@ -231,6 +231,8 @@ class Worker:
             try:
                 self.fabric_pass()
                 backoff_s = 0.1
+                if self.driver.backlog:  # reports left after the pass's budget: go on at once
+                    self._fabric_due.set()
             except Exception:
                 log.exception("fabric pass failed; retrying from the durable state")
                 self._reset_fabric = True

@@ -56,6 +56,7 @@ class SwitchController:
         self._kick = threading.Event()
         self._lock = threading.Lock()
         self.passes = 0
+        self._unreachable: frozenset[str] | None = None  # as last written (None: unknown)
         self.last: ReconcileResult | None = None
 
     def kick(self) -> None:
@@ -77,6 +78,13 @@ class SwitchController:
                 if changed:  # only the switches whose read-back changed, only their ports
                     self.repo.save_confirmed(changed, previous=saved)
                 self._saved = {**saved, **{c.oxc_id: c for c in changed}}
+                # switches this pass could not read: their rows are a last read, shown stale
+                unreachable = frozenset(
+                    o.id for o in self.cluster.oxcs if o.id not in result.confirmed
+                )
+                if unreachable != self._unreachable:  # written only when it changes
+                    self.repo.save_reachability(unreachable)
+                    self._unreachable = unreachable
             except Exception:
                 self._saved = None  # unknown after a failed write: read the table next time
                 raise
@@ -101,6 +109,7 @@ class SwitchController:
         """Forget what the confirmed table holds (a new leader reads it once)."""
         with self._lock:
             self._saved = None
+            self._unreachable = None
 
     def _desired(self) -> dict[str, set[tuple[int, int, str]]]:
         """Every OXC's desired cross-connects: the worker's last commit, else the table."""
