@@ -712,7 +712,5 @@ def _electrical_s(w: _Job, electrical_gbps: float, jobs_on: Mapping[str, int]) -
     for (a, b), x in w.bytes.items():
         out[a] += x
         out[b] += x
-    net = max(
-        x / (electrical_gbps * 1e9 / 8 / max(1, jobs_on.get(p, 1))) for p, x in out.items()
-    )
+    net = max(x / (electrical_gbps * 1e9 / 8 / max(1, jobs_on.get(p, 1))) for p, x in out.items())
     return w.d.compute_s + net

@@ -142,9 +142,10 @@ def test_water_filling_follows_bytes_and_stops_at_want() -> None:
     assert hc + lc == 16
     assert hc > lc  # more bytes, more circuits
     # equal estimated slowdown within one circuit's worth
-    assert abs(h.estimated_slowdown - li.estimated_slowdown) < max(
-        h.estimated_slowdown / hc, li.estimated_slowdown / lc
-    ) * 2
+    assert (
+        abs(h.estimated_slowdown - li.estimated_slowdown)
+        < max(h.estimated_slowdown / hc, li.estimated_slowdown / lc) * 2
+    )
     small = JobDemand("small", (("pod-0", "pod-1", 1e9),), (("pod-0", 2), ("pod-1", 2)))
     alone = allocate_ports(cluster, [small]).job("small")
     assert alone is not None and alone.pair_circuits()[("pod-0", "pod-1")] == 2
