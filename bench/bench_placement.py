@@ -5,9 +5,10 @@ Fixed seed. Job sizes follow the Kalos trace's node counts
 rounded to powers of two, one server per node. Two EP mixes:
 - trace-like: the Kalos jobs are dense LLM pre-training, so ep=1 with a few
   MoE jobs of ep=2 (1 in 10); this is the mix the fill target is judged on;
-- EP-heavy: a third of the jobs with ep 2, 4 or 8, whose whole-ToR EP groups
-  leave gaps on seed-15k's 15-server ToRs that wider groups cannot use. Printed
-  for comparison; it does not fail the run.
+- EP-heavy: a third of the jobs with ep 2, 4 or 8, whose EP groups leave gaps
+  on seed-15k's 15-server ToRs (groups span ToRs of one pod when no ToR fits,
+  never pods, so 75-server pods still strand servers). Its fill target (95%)
+  is printed as met or missed; it does not fail the run.
 
 Bounds (exit 1 when missed):
 - place_job time p99 <= 5 ms per job on seed-15k;
@@ -22,6 +23,7 @@ from __future__ import annotations
 import argparse
 import csv
 import math
+import os
 import random
 import statistics
 import sys
@@ -185,9 +187,12 @@ def main() -> int:
         if mix == "trace-like" and name == "lightpath" and judged and low < FILL_BOUND:
             print(f"  BOUND MISSED: fill {low:.2%} < {FILL_BOUND:.0%} in a judged trial")
             ok = False
+        if mix == "EP-heavy" and name == "lightpath" and judged and low < FILL_BOUND:
+            print(f"  target missed: fill {low:.2%} < {FILL_BOUND:.0%} in a judged trial")
     print()
     print("* over trials where the queued job needed no more servers than were free")
     print("pods/min: pods a placed job spans over the fewest pods that could hold it")
+    print(f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     return 0 if ok else 1
 
 
