@@ -120,15 +120,19 @@ def place_job(
     slots = _choose_slots(cluster, free, job, agg, ports)
     if slots is None:
         return Unplaceable(job.job_id, (NOT_NOW_BUSY,))
-    best: tuple[LayoutEstimate, list[Unit]] | None = None
-    estimates = []
+    scored: list[tuple[LayoutEstimate, list[Unit], int]] = []
     for name, order in _candidate_orders(job, slots):
         units = _units(order, slots)
-        estimate = _estimate(cluster, job, units, name, ledger, ports)
-        estimates.append(estimate)
-        if best is None or estimate.total_s < best[0].total_s:
-            best = (estimate, units)
-    assert best is not None  # there is always at least one candidate order
+        scored.append((_estimate(cluster, job, units, name, ledger, ports), units, len(scored)))
+    estimates = [e for e, _, _ in scored]
+    fastest = min(e.total_s for e in estimates)
+    # ties (within 0.1%) go to the layout whose DP groups straddle fewest ToRs:
+    # aggregation then stays in one switch and spreads over switches
+    chosen = min(
+        scored,
+        key=lambda c: (c[0].total_s > fastest * 1.001, _straddling(cluster, c[1]), c[2]),
+    )
+    best = (chosen[0], chosen[1])
     pods = len({s.pod_id for s in slots})
     tors = len({cluster.server(u.server).tor_id for u in best[1]})
     reason = _reason(best[0], estimates, pods, tors)
@@ -374,7 +378,58 @@ def _candidate_orders(job: Job, slots: Sequence[_Slot]) -> list[tuple[str, list[
     candidates = [("dp-together", stage_major), ("pipelines-together", dp_major)]
     if blocked not in (stage_major, dp_major):  # one pod: blocked is dp-together
         candidates.append(("pipelines-per-pod", blocked))
+    if job.collective in (Collective.AUTO, Collective.INC):
+        per_tor = _dp_groups_per_switch(par.pp, par.dp, slots)
+        if per_tor is not None and per_tor not in (stage_major, dp_major, blocked):
+            candidates.append(("dp-per-tor", per_tor))
     return candidates
+
+
+def _dp_groups_per_switch(pp: int, dp: int, slots: Sequence[_Slot]) -> list[tuple[int, int]] | None:
+    """Each stage's DP group under one ToR where one has room, else one pod (for INC).
+
+    Best fit: a group goes to the ToR (then pod) with the fewest free slots that
+    still hold it, so aggregation load spreads over switches instead of
+    straddling them. None when some group fits no single pod.
+    """
+    by_switch: dict[str, list[int]] = {}
+    for i, slot in enumerate(slots):
+        by_switch.setdefault(slot.tor_id or slot.pod_id, []).append(i)
+    order: list[tuple[int, int] | None] = [None] * len(slots)
+    for stage in range(pp):
+        fit = [k for k, v in by_switch.items() if len(v) >= dp]
+        if fit:
+            key = min(fit, key=lambda k: (len(by_switch[k]), k))
+            take = by_switch[key][:dp]
+            by_switch[key] = by_switch[key][dp:]
+        else:
+            pods: dict[str, list[str]] = {}
+            for k, v in by_switch.items():
+                if v:
+                    pods.setdefault(slots[v[0]].pod_id, []).append(k)
+            room = {p: sum(len(by_switch[k]) for k in ks) for p, ks in pods.items()}
+            fitting = [p for p, n in room.items() if n >= dp]
+            if not fitting:
+                return None
+            pod = min(fitting, key=lambda p: (room[p], p))
+            take = []
+            for k in sorted(pods[pod], key=lambda k: -len(by_switch[k])):
+                n = min(dp - len(take), len(by_switch[k]))
+                take += by_switch[k][:n]
+                by_switch[k] = by_switch[k][n:]
+        for d, i in enumerate(take):
+            order[i] = (stage, d)
+    if any(o is None for o in order):
+        return None
+    return [o for o in order if o is not None]
+
+
+def _straddling(cluster: Cluster, units: Sequence[Unit]) -> int:
+    """DP groups (stage, ep_rank) whose members sit under more than one ToR."""
+    tors: dict[tuple[int, int], set[str]] = {}
+    for u in units:
+        tors.setdefault((u.stage, u.ep_rank), set()).add(cluster.server(u.server).tor_id)
+    return sum(1 for t in tors.values() if len(t) > 1)
 
 
 def _units(order: Sequence[tuple[int, int]], slots: Sequence[_Slot]) -> list[Unit]:

@@ -232,3 +232,26 @@ def test_ep_groups_span_tors_of_one_pod_only_when_no_tor_fits() -> None:
     assert isinstance(one, Placement)
     assert {SEED.server(s).tor_id for s in one.servers} == {"pod-4/tor-1"}
     assert "span ToRs" not in one.reason
+
+
+def test_inc_keeps_each_dp_group_under_one_tor_or_pod() -> None:
+    job = _job(8, pp=4, model=FACTS, collective=Collective.INC)
+    result = place_job(SEED, set(SEED.server_ids), job)
+    assert isinstance(result, Placement)
+    tors: dict[int, set[str]] = {}
+    pods: dict[int, set[str]] = {}
+    for u in result.units:
+        tors.setdefault(u.stage, set()).add(SEED.server(u.server).tor_id)
+        pods.setdefault(u.stage, set()).add(SEED.server(u.server).pod_id)
+    assert all(len(p) == 1 for p in pods.values()), result.reason
+    # slots of 15 + 15 + 2 servers: two groups of 8 can sit under one ToR each
+    assert sum(1 for t in tors.values() if len(t) == 1) >= 2, result.reason
+    assert "DP inc" in result.reason
+    small = preset("small")  # 2 ToRs of 4 per pod
+    job = _job(2, pp=4, model=FACTS, collective=Collective.INC)
+    result = place_job(small, set(small.server_ids), job)
+    assert isinstance(result, Placement)
+    by_stage: dict[int, set[str]] = {}
+    for u in result.units:
+        by_stage.setdefault(u.stage, set()).add(small.server(u.server).tor_id)
+    assert all(len(t) == 1 for t in by_stage.values()), result.reason
