@@ -117,11 +117,11 @@ def _api_services(settings: Settings, cluster: Cluster, store: Store, bus: Any) 
         cluster=cluster,
         store=store,
         bus=bus,
+        metrics=ApiMetrics(store, cluster, registry=CollectorRegistry()),
+        traffic=TrafficRepository(store),
+        fabric=FabricRepository(store),
         read_cache=JobViewCache(ttl_s=settings.read_cache_ttl_s),
     )
-    services.extras["metrics"] = ApiMetrics(store, cluster, registry=CollectorRegistry())
-    services.extras["fabric"] = FabricRepository(store)
-    services.extras["traffic"] = TrafficRepository(store)
     bus.listen(services.read_cache.on_change)
     bus.listen(services.waiters.on_change)
     return services
@@ -133,14 +133,14 @@ def build_runtime(settings: Settings, cluster: Cluster, *, with_worker: bool = T
     bus = InProcessBus()
     services = _api_services(settings, cluster, store, bus)
     relay = OutboxRelay(store, bus.publish)
-    services.extras["kick_relay"] = relay.kick
+    services.kick_relay = relay.kick
     runtime = Runtime(services, relay)
-    runtime.closers.append(services.extras["traffic"].close)
+    runtime.closers.append(services.traffic.close)
     if with_worker:
         driver = build_driver(settings, cluster)
         services.southbound = driver
         runtime.closers.append(driver.close)
-        registry = services.extras["metrics"].registry
+        registry = services.metrics.registry
         attach_worker(runtime, settings, cluster, store, bus, driver, WorkerMetrics(registry))
     return runtime
 
@@ -199,8 +199,9 @@ def build_api_runtime(settings: Settings, cluster: Cluster) -> Runtime:
     # without Redis nobody listens: the worker's tick picks the recorded rows up
     relay = OutboxRelay(store, bus.publish) if settings.redis_url else None
     runtime = Runtime(services, relay)
-    services.extras["kick_relay"] = relay.kick if relay else (lambda: None)
-    runtime.closers.append(services.extras["traffic"].close)
+    if relay is not None:
+        services.kick_relay = relay.kick
+    runtime.closers.append(services.traffic.close)
     runtime.closers.append(bus.close)
     if settings.southbound_url:  # only for /readyz: the worker drives the switches
         services.southbound = HttpDriver(settings.southbound_url)
@@ -215,8 +216,15 @@ def build_worker_runtime(settings: Settings, cluster: Cluster) -> Runtime:
     store = build_store(settings)
     bus = build_bus(settings)
     registry = CollectorRegistry()
-    services = Services(settings=settings, cluster=cluster, store=store, bus=bus)
-    services.extras["metrics"] = ApiMetrics(store, cluster, registry=registry)
+    services = Services(
+        settings=settings,
+        cluster=cluster,
+        store=store,
+        bus=bus,
+        metrics=ApiMetrics(store, cluster, registry=registry),
+        traffic=TrafficRepository(store),
+        fabric=FabricRepository(store),
+    )
     driver = build_driver(settings, cluster)
     services.southbound = driver
     runtime = Runtime(services, None)

@@ -6,7 +6,6 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
 from .deps import Services
-from .metrics import ApiMetrics
 from .middleware import BodyLimit, RequestTiming
 from .problems import install_problem_handlers
 from .routes import advice, fabric, jobs, ops, telemetry
@@ -39,16 +38,10 @@ def create_app(services: Services) -> FastAPI:
     """Build the API around `services` (real or fake parts chosen by the caller)."""
     app = FastAPI(title="Lightpath", version="0.1.0", description=DESCRIPTION)
     app.state.services = services
-    metrics = services.extras.get("metrics")
-    if metrics is None:
-        metrics = ApiMetrics(services.store, services.cluster)
-        services.extras["metrics"] = metrics
-    services.extras.setdefault("kick_relay", lambda: None)
+    metrics = services.metrics
     install_problem_handlers(app)
     for router in (jobs.router, telemetry.router, advice.router, fabric.router, ops.router):
         app.include_router(router)
-    for extra in services.extras.get("routers", ()):
-        app.include_router(extra)
     app.add_middleware(BodyLimit, max_bytes=services.settings.max_body_bytes)
     app.add_middleware(RequestTiming, metrics=metrics)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hmac
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
@@ -11,7 +12,10 @@ from fastapi import Depends, Request
 from app.engine.cluster import Cluster
 from app.settings import Settings
 from app.store import Store
+from app.store.fabric_repository import FabricRepository
+from app.store.traffic_repository import TrafficRepository
 
+from .metrics import ApiMetrics
 from .problems import Problem
 from .read_cache import JobViewCache
 from .waiters import JobWaiters
@@ -25,10 +29,14 @@ class Services:
     cluster: Cluster
     store: Store
     bus: Any
+    metrics: ApiMetrics
+    traffic: TrafficRepository
+    fabric: FabricRepository
     waiters: JobWaiters = field(default_factory=JobWaiters)
     read_cache: JobViewCache = field(default_factory=lambda: JobViewCache(ttl_s=1.0))
     southbound: Any = None
-    extras: dict[str, Any] = field(default_factory=dict)
+    kick_relay: Callable[[], None] = field(default=lambda: None)
+    tokens: dict[str, str] | None = None  # bearer token -> scope, parsed on first use
 
 
 async def get_services(request: Request) -> Services:
@@ -59,10 +67,9 @@ def require(*scopes: str) -> Any:
     """
 
     async def check(request: Request, services: ServicesDep) -> str | None:
-        tokens = services.extras.get("tokens")
+        tokens = services.tokens
         if tokens is None:
-            tokens = services.settings.token_scopes()
-            services.extras["tokens"] = tokens
+            tokens = services.tokens = services.settings.token_scopes()
         if not tokens:
             return None
         scope = _scope_of(request, tokens)

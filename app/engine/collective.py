@@ -186,7 +186,7 @@ class CollectiveChoice:
     """The AllReduce plan of one job: algorithm, INC grants, estimated time and why."""
 
     job_id: str
-    algorithm: str
+    algorithm: Collective
     inc: bool
     aggregators: tuple[str, ...]
     grants: tuple[AggregatorGrant, ...]
@@ -199,7 +199,7 @@ class CollectiveChoice:
         """The `collective` field of GET /v1/jobs/{id} (non-finite times become null)."""
         est = self.estimated_allreduce_s
         return {
-            "algorithm": self.algorithm,
+            "algorithm": str(self.algorithm),
             "inc": self.inc,
             "aggregators": list(self.aggregators),
             "estimated_allreduce_s": est if math.isfinite(est) else None,
@@ -341,7 +341,7 @@ def estimate_costs(
     ledger: AggregatorLedger,
     pod_gbps: Mapping[tuple[str, str], float] | None = None,
     size_bytes: float | None = None,
-) -> tuple[dict[str, float], _IncOffer]:
+) -> tuple[dict[Collective, float], _IncOffer]:
     """Seconds per algorithm for the job's slowest DP group, and the INC offer behind it."""
     size = gradient_bytes(job) if size_bytes is None else size_bytes
     groups = dp_groups(cluster, placement)
@@ -392,13 +392,15 @@ def choose_collective(
     if all(len(g) <= 1 for g in groups):
         return CollectiveChoice(job.job_id, ALGO_RING, False, (), (), 0.0, REASON_SINGLE, ordered)
     forced = job.collective
+    algo: Collective
     if forced != Collective.AUTO and forced != Collective.INC:
-        algo = str(forced.value)
+        algo = forced
         return _choice(job, algo, costs, offer, f"forced by the job: {algo}", ordered)
     if forced == Collective.INC:
         if not offer.why_not:
             return _choice(job, ALGO_INC, costs, offer, "forced by the job: inc", ordered)
-        algo = min((ALGO_RING, ALGO_TREE), key=lambda a: (costs[a], a))
+        fallback: tuple[Collective, ...] = (ALGO_RING, ALGO_TREE)
+        algo = min(fallback, key=lambda a: (costs[a], a))
         why = f"inc forced but unavailable ({offer.why_not}); fell back to {algo}"
         return _choice(job, algo, costs, offer, why, ordered)
     preference = (ALGO_INC, ALGO_RING, ALGO_TREE, ALGO_HIERARCHICAL_RING)  # ties: simplest
@@ -412,8 +414,8 @@ def choose_collective(
 
 def _choice(
     job: Job,
-    algo: str,
-    costs: Mapping[str, float],
+    algo: Collective,
+    costs: Mapping[Collective, float],
     offer: _IncOffer,
     reason: str,
     ordered: tuple[tuple[str, float], ...],

@@ -33,6 +33,7 @@ from .cross_connects import (
     OxcChange,
     diff_cross_connects,
     map_cross_connects,
+    port_pods,
     realised_circuits,
 )
 from .job import Job, Placement
@@ -78,7 +79,7 @@ class RoutingDecision:
         """The `routing` object of a GET /v1/decisions entry."""
         return {
             "phase": self.phase,
-            "algorithm": self.algorithm,
+            "algorithm": str(self.algorithm),
             "inc": self.inc,
             "aggregators": list(self.aggregators),
             "routes": [r.to_dict() for r in self.routes],
@@ -309,7 +310,7 @@ def plan_fabric(
             )
             continue
         if old is not None and old.slice.mode != MODE_TIME_DIVISION:
-            ledger = ledger.release(job_id).reserve(cluster, old.collective.grants)
+            # its grants are in `ledger` already (it came from `previous`)
             drafts.append(
                 _Draft(
                     pj.job,
@@ -348,6 +349,9 @@ def plan_fabric(
     for cc in current:
         held_by[cc.job_id].append(cc)
     wanted: dict[str, PodCircuits] = {}
+    untouched: list[CrossConnect] = []  # kept jobs' cross-connects, as the OXCs hold them
+    untouched_jobs: set[str] = set()
+    where = port_pods(cluster)
     planned: list[_Draft] = []
     for d in drafts:
         if d.reused is None and d.slice.mode != MODE_NONE:
@@ -365,26 +369,38 @@ def plan_fabric(
         if installs and d.reused is not None and held_by.get(job_id):
             # an unchanged allocation keeps exactly the circuits it holds now (its
             # current phase topology included): others' arrivals do not revert it
-            wanted[job_id] = realised_circuits(cluster, held_by[job_id], job_id)
+            held = [cc for cc in held_by[job_id] if _is_circuit(where, cc)]
+            if held:
+                untouched.extend(held)
+                untouched_jobs.add(job_id)
         elif installs and d.plan.circuits.total:
             wanted[job_id] = d.plan.circuits
-    mapping = map_cross_connects(cluster, wanted, current)
+    occupied = [(cc.oxc_id, p) for cc in untouched for p in (cc.port_a, cc.port_b)]
+    mapping = map_cross_connects(
+        cluster, wanted, (cc for cc in current if cc.job_id in wanted), occupied
+    )
     by_job: dict[str, list[CrossConnect]] = defaultdict(list)
     for cc in mapping.cross_connects:
         by_job[cc.job_id].append(cc)
+    lost = {u[0] for u in mapping.unmapped}
     out: list[JobFabric] = []
     for d in planned:
         job_id = d.job.job_id
-        if d.reused is not None and not _lost_circuits(d.reused, mapping.unmapped):
+        if d.reused is not None and (job_id in untouched_jobs or job_id not in lost):
             out.append(d.reused)
             continue
         real = realised_circuits(cluster, by_job.get(job_id, ()), job_id)
         out.append(_finish(cluster, d, real))
-    total = realised_circuits(cluster, mapping.cross_connects)
+    cross_connects = tuple(sorted(untouched + list(mapping.cross_connects), key=lambda c: c.key))
+    total = realised_circuits(cluster, cross_connects)
     mlu = max((j.plan.mlu for j in out if j.slice.mode == MODE_ISOLATED), default=0.0)
-    return FabricPlan(
-        tuple(out), mapping.cross_connects, total, mlu, ledger, tuple(tdm), mapping.unmapped
-    )
+    return FabricPlan(tuple(out), cross_connects, total, mlu, ledger, tuple(tdm), mapping.unmapped)
+
+
+def _is_circuit(where: Mapping[tuple[str, int], str], cc: CrossConnect) -> bool:
+    """Does the cross-connect join uplinks of two different pods (a usable circuit)?"""
+    a, b = where.get((cc.oxc_id, cc.port_a)), where.get((cc.oxc_id, cc.port_b))
+    return a is not None and b is not None and a != b
 
 
 _EMPTY_PLAN = CircuitPlan(PodCircuits((), ()), 0.0, 0.0, (), "none")
@@ -492,10 +508,6 @@ def _replace_plan(
     )
 
 
-def _lost_circuits(job: JobFabric, unmapped: Sequence[tuple[str, str, str, int]]) -> bool:
-    return any(u[0] == job.job_id for u in unmapped)
-
-
 def _finish(cluster: Cluster, d: _Draft, real: PodCircuits) -> JobFabric:
     """Evaluate the job on its realised circuits and write its routing headers."""
     job_id = d.job.job_id
@@ -566,8 +578,11 @@ def diff_plans(before: FabricPlan | None, after: FabricPlan, reason: str) -> tup
         jobs = {owners.get((change.oxc_id, a, b)) for a, b in change.connect + change.disconnect}
         job_id = jobs.pop() if len(jobs) == 1 else None
         decisions.append(Decision("oxc", job_id, reason, oxc=change))
-    old = {(r.job_id, r.phase): r for j in (before.jobs if before else ()) for r in j.routing}
+    was = {j.job_id: j for j in before.jobs} if before else {}
+    old = {(r.job_id, r.phase): r for j in was.values() for r in j.routing}
     for j in after.jobs:
+        if was.get(j.job_id) is j:
+            continue  # kept as it was: same headers
         for r in j.routing:
             if old.get((r.job_id, r.phase)) != r:
                 decisions.append(Decision("routing", r.job_id, reason, routing=r))

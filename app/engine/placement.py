@@ -482,7 +482,7 @@ def _estimate(
     elif job.collective is Collective.INC and not math.isfinite(costs[ALGO_INC]):
         algorithm = min((ALGO_RING, ALGO_TREE), key=lambda a: costs[a])  # as choose_collective
     else:
-        algorithm = job.collective.value
+        algorithm = job.collective
     return LayoutEstimate(name, algorithm, costs[algorithm], pp_s)
 
 

@@ -28,7 +28,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from .cluster import Cluster
-from .job import Job, Placement, Unit
+from .job import Collective, Job, Placement, Unit
 
 PHASE_PP = "pp"
 PHASE_DP = "dp"
@@ -39,10 +39,11 @@ DEFAULT_BYTES_PER_PARAMETER = 2.0
 DEFAULT_ACTIVATION_BYTES = 4096 * 2048 * 2.0  # 16 MiB
 MICROBATCHES_PER_STAGE = 4  # default microbatches = 4 * pp
 
-ALGO_RING = "ring"
-ALGO_TREE = "tree"
-ALGO_HIERARCHICAL_RING = "hierarchical_ring"
-ALGO_INC = "inc"
+# the algorithm names are the one enum the job body uses too
+ALGO_RING = Collective.RING
+ALGO_TREE = Collective.TREE
+ALGO_HIERARCHICAL_RING = Collective.HIERARCHICAL_RING
+ALGO_INC = Collective.INC
 
 
 @dataclass(frozen=True, slots=True)

@@ -164,7 +164,7 @@ def ideal_dp_s(cluster: Cluster, job: Job, placement: Placement) -> float:
         return 0.0
     costs, _ = estimate_costs(cluster, job, placement, AggregatorLedger(), None)
     if job.collective not in (Collective.AUTO, Collective.INC):
-        return costs[job.collective.value]
+        return costs[job.collective]
     return min(costs.values())
 
 
@@ -234,7 +234,6 @@ def profile_ecmp(ctx: FabricContext, job: Job, placement: Placement, iterations:
     timing = job_timing(job, cluster.server_gbps, cluster.gpus_per_server)
     ideal = ideal_iteration_s(cluster, job, placement, timing)
     algorithm = ALGO_RING if job.collective in (Collective.AUTO, Collective.INC) else job.collective
-    algorithm = str(algorithm)
     costs, _ = estimate_costs(cluster, job, placement, AggregatorLedger(), None)
     dp_base = costs[algorithm] if job.parallelism.dp > 1 else 0.0
     traffic = {t.phase: t for t in job_traffic(cluster, job, placement, algorithm)}

@@ -44,7 +44,7 @@ def create_worker_app(runtime: Any) -> FastAPI:
 
     @app.get("/metrics")
     async def metrics() -> Response:
-        registry = services.extras["metrics"].registry
+        registry = services.metrics.registry
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     return app

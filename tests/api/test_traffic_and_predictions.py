@@ -85,6 +85,41 @@ def test_hits_are_what_the_switches_delivered(server: LiveServer) -> None:
         assert p["hits"] == 0
 
 
+def test_phases_half_a_second_apart_are_rewired_in_time(server: LiveServer) -> None:
+    """Forward sends of a 3-stage job alternate pod pairs; 0.5 s gaps hide a 25 ms switch."""
+    rng = random.Random(5)
+    with server.client() as c:
+        job = _job(c, "slow", dp=8, pp=3)  # stage s in pod-s on `small`
+        by_stage: dict[int, list[str]] = {}
+        for u in sorted(job["placement"]["units"], key=lambda u: (u["stage"], u["dp_rank"])):
+            by_stage.setdefault(u["stage"], []).append(u["server"])
+        n, gap = 16, 0.5
+        start = time.time() + 0.2
+        for i in range(n):
+            # reported as the phase starts, like a training loop's reporter
+            time.sleep(max(0.0, start + i * gap - time.time()))
+            src, dst = by_stage[i % 2], by_stage[i % 2 + 1]
+            demands = [
+                {"src": a, "dst": b, "bytes": 4e9 * rng.uniform(0.96, 1.04)}
+                for a, b in zip(src, dst, strict=True)
+            ]
+            report = {"job_id": "slow", "phase_started_at": start + i * gap, "demands": demands}
+            assert c.post("/v1/traffic", json={"reports": [report]}).status_code == 202
+        for _ in range(100):
+            p = c.get("/v1/predictions/slow").json()
+            if p["hits"] + p["held"] + p["misses"] == n:
+                break
+            time.sleep(0.1)
+        assert p["hits"] + p["held"] + p["misses"] == n
+        assert p["period"] == 2
+        # learning takes a few phases; after that every phase finds its circuits ready
+        assert p["hits"] >= n // 2, p
+        assert p["exposed_reconfig_s"] == 0.0, p
+        rewired = c.get("/v1/decisions", params={"limit": 500}).json()["decisions"]
+        mine = [d for d in rewired if d.get("job_id") == "slow" and d["reason"] == "prediction"]
+        assert {d["kind"] for d in mine} >= {"oxc", "routing"}
+
+
 def test_unknown_job_prediction_is_404(server: LiveServer) -> None:
     with server.client() as c:
         r = c.get("/v1/predictions/nobody")

@@ -12,7 +12,7 @@ from app.engine.cluster import cluster_to_dict
 from app.engine.cross_connects import CrossConnect, realised_circuits
 from app.store import DecisionRecord
 
-from ..deps import ServicesDep, require
+from ..deps import Services, ServicesDep, require
 from ..schemas import DecisionPage
 
 router = APIRouter(prefix="/v1", tags=["fabric"])
@@ -93,9 +93,9 @@ def _oxc_view(pairs: dict[str, list[tuple[int, int, str | None]]]) -> list[dict[
     ]
 
 
-def topology_view(services: Any) -> dict[str, Any]:
+def topology_view(services: Services) -> dict[str, Any]:
     """Confirmed cross-connects (with the job each serves) and desired where they differ."""
-    repo = services.extras["fabric"]
+    repo = services.fabric
     cluster = services.cluster
     desired = repo.load_desired()
     owner = {cc.key: cc.job_id for cc in desired}

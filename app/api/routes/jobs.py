@@ -190,7 +190,7 @@ async def submit_job(
                 kind="conflict",
             )
         return JSONResponse(render_job(record), status_code=200)
-    services.extras["kick_relay"]()
+    services.kick_relay()
     settled = await wait_for_job(
         services,
         job.job_id,
@@ -311,7 +311,7 @@ async def _end(
         raise Problem(
             409, "Job state conflict", detail, kind="job-state", extra={"job": render_job(record)}
         )
-    services.extras["kick_relay"]()
+    services.kick_relay()
     return JSONResponse(render_job(record))
 
 

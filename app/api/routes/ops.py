@@ -41,6 +41,6 @@ async def readyz(services: ServicesDep) -> JSONResponse:
 
 @router.get("/metrics", summary="Prometheus metrics", response_class=Response)
 async def metrics(services: ServicesDep) -> Response:
-    registry = services.extras["metrics"].registry
+    registry = services.metrics.registry
     data = await run_in_threadpool(generate_latest, registry)
     return Response(data, media_type=CONTENT_TYPE_LATEST)

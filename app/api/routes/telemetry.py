@@ -84,11 +84,10 @@ async def report_traffic(
         {"job_id": r.job_id, "phase_started_at": r.phase_started_at, "demands": d}
         for r, d in zip(batch.reports, demands, strict=True)
     ]
-    traffic = services.extras["traffic"]
+    metrics = services.metrics
     # group commit: batches arriving together share one transaction and one relay kick
-    stored = traffic.submit(reports, idempotency_key, services.extras["kick_relay"])
+    stored = services.traffic.submit(reports, idempotency_key, services.kick_relay)
     count, last = await asyncio.wrap_future(stored)
-    metrics = services.extras["metrics"]
     metrics.traffic_reports.inc(count)
     metrics.traffic_demands.inc(sum(len(d) for d in demands))
     return JSONResponse({"accepted": count, "last_seq": last}, status_code=202)
@@ -113,7 +112,7 @@ async def get_prediction(
     record = await run_in_threadpool(services.store.get_job, job_id)
     if record is None:
         raise Problem(404, "Not found", f"no job {job_id}", kind="unknown-job")
-    row = await run_in_threadpool(services.extras["traffic"].prediction, job_id)
+    row = await run_in_threadpool(services.traffic.prediction, job_id)
     state = row.state if row else {}
     exposed = row.exposed_reconfig_s if row else 0.0
     return JSONResponse(
