@@ -41,10 +41,12 @@ from __future__ import annotations
 import heapq
 import math
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from .circuits import PodCircuits
 from .cluster import Cluster
+from .cross_connects import CrossConnect, CrossConnectMapping, port_pods
 from .job import Job, Placement
 from .traffic import ALGO_RING, PHASE_DP, PHASE_PP, job_traffic
 
@@ -714,3 +716,70 @@ def _electrical_s(w: _Job, electrical_gbps: float, jobs_on: Mapping[str, int]) -
         out[b] += x
     net = max(x / (electrical_gbps * 1e9 / 8 / max(1, jobs_on.get(p, 1))) for p, x in out.items())
     return w.d.compute_s + net
+
+
+# ------------------------------------------------------------------ cross-connects
+
+
+def pair_circuits(cluster: Cluster, circuits: Iterable[tuple[str, str, str, int]]) -> PodCircuits:
+    """The pod circuit matrix of (oxc, pod_a, pod_b, n) entries."""
+    return PodCircuits.from_pairs(
+        tuple(p.id for p in cluster.pods), ((a, b, n) for _, a, b, n in circuits)
+    )
+
+
+def map_allocation(
+    cluster: Cluster,
+    wanted: Mapping[str, Iterable[tuple[str, str, str, int]]],
+    current: Iterable[CrossConnect],
+    occupied: Iterable[tuple[str, int]] = (),
+) -> CrossConnectMapping:
+    """Cross-connects for each job's allocated circuits, on exactly the OXCs allocated.
+
+    The allocation already found an OXC with a free port on both pods for every
+    circuit, so mapping per OXC never runs short where the allocation's budgets
+    hold. A job's current cross-connect on the same OXC and pod pair is kept;
+    the rest go on the lowest free ports. `occupied` ports (jobs left out) are
+    never used. Circuits that find no port (the fabric changed underneath) are
+    reported in `unmapped`.
+    """
+    where = port_pods(cluster)
+    need: dict[tuple[str, str, str, str], int] = defaultdict(int)  # (job, oxc, a, b)
+    for job, circuits in wanted.items():
+        for o, a, b, n in circuits:
+            key = (job, o, a, b) if a < b else (job, o, b, a)
+            need[key] += n
+    used: set[tuple[str, int]] = set(occupied)
+    kept: list[CrossConnect] = []
+    for cc in dict.fromkeys(current):
+        if cc.job_id not in wanted:
+            continue
+        pa, pb = where.get((cc.oxc_id, cc.port_a)), where.get((cc.oxc_id, cc.port_b))
+        if pa is None or pb is None or pa == pb:
+            continue
+        key = (cc.job_id, cc.oxc_id, min(pa, pb), max(pa, pb))
+        if need.get(key, 0) <= 0:
+            continue
+        if (cc.oxc_id, cc.port_a) in used or (cc.oxc_id, cc.port_b) in used:
+            continue
+        need[key] -= 1
+        kept.append(cc)
+        used.update({(cc.oxc_id, cc.port_a), (cc.oxc_id, cc.port_b)})
+    free: dict[tuple[str, str], list[int]] = {}
+    for oxc in cluster.oxcs:
+        for pod, ports in oxc.pod_ports.items():
+            free[(oxc.id, pod)] = sorted(
+                (p for p in ports if (oxc.id, p) not in used), reverse=True
+            )
+    added: list[CrossConnect] = []
+    unmapped: list[tuple[str, str, str, int]] = []
+    for (job, o, a, b), n in sorted(need.items()):
+        fa, fb = free.get((o, a), []), free.get((o, b), [])
+        k = min(n, len(fa), len(fb))
+        for _ in range(k):
+            added.append(CrossConnect.of(o, fa.pop(), fb.pop(), job))
+        if k < n:
+            unmapped.append((job, a, b, n - k))
+    return CrossConnectMapping(
+        tuple(sorted(kept + added, key=lambda c: c.key)), tuple(unmapped), len(kept), len(added)
+    )

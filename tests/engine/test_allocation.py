@@ -16,8 +16,11 @@ from app.engine.allocation import (
     PortAllocation,
     allocate_ports,
     job_demand,
+    map_allocation,
+    pair_circuits,
 )
 from app.engine.cluster import Cluster, build_cluster, preset
+from app.engine.cross_connects import realised_circuits
 from app.engine.job import Job, ModelFacts, Parallelism, Placement, Unit
 
 
@@ -199,3 +202,25 @@ def test_job_demand_counts_cross_pod_bytes_and_wants_servers_times_nics() -> Non
     assert dict(d.want) == {"pod-0": 16, "pod-1": 16}  # 2 servers x 8 NICs, capped at 16
     one_pod = Placement("k", tuple(Unit(s, 0, i, 0) for i, s in enumerate(servers[:2])))
     assert not job_demand(cluster, _job("k", dp=2), one_pod).cross_pod
+
+
+@settings(max_examples=80, deadline=None)
+@given(scenarios())
+def test_allocated_circuits_map_onto_the_oxcs_without_a_port_twice(
+    case: tuple[Cluster, list[JobDemand], float],
+) -> None:
+    cluster, demands, electrical = case
+    alloc = allocate_ports(cluster, demands, electrical_gbps=electrical)
+    wanted = {j.job_id: j.circuits for j in alloc.jobs if j.circuits}
+    if alloc.pool:
+        wanted["(pool)"] = alloc.pool
+    mapping = map_allocation(cluster, wanted, ())
+    assert mapping.unmapped == ()
+    ports = [(cc.oxc_id, p) for cc in mapping.cross_connects for p in (cc.port_a, cc.port_b)]
+    assert len(ports) == len(set(ports))
+    for job_id, circuits in wanted.items():
+        got = realised_circuits(cluster, mapping.cross_connects, job_id)
+        assert got == pair_circuits(cluster, circuits)
+    # mapping again from what is held changes nothing
+    again = map_allocation(cluster, wanted, mapping.cross_connects)
+    assert again.cross_connects == mapping.cross_connects and again.added == 0
