@@ -218,22 +218,8 @@ class _Job:
     def __init__(self, d: JobDemand, port_bps: float, rank: int) -> None:
         self.d = d
         self.rank = rank
-        self.bytes = {(a, b): x for a, b, x in d.pair_bytes}
-        want = dict(d.want)
-        out: dict[str, float] = defaultdict(float)
-        for (a, b), x in self.bytes.items():
-            out[a] += x
-            out[b] += x
-        # ideal circuits per pair: each pod's want split over its pairs by bytes
-        self.cap: dict[tuple[str, str], int] = {}
-        for (a, b), x in self.bytes.items():
-            share_a = want.get(a, 0) * x / out[a] if out[a] else 0.0
-            share_b = want.get(b, 0) * x / out[b] if out[b] else 0.0
-            self.cap[(a, b)] = max(1, math.ceil(min(share_a, share_b)))
-        self.ideal_s = d.compute_s + max(
-            (x / (self.cap[k] * port_bps) for k, x in self.bytes.items()), default=0.0
-        )
-        self.have: dict[tuple[str, str], int] = {k: 0 for k in self.bytes}
+        self.bytes, self.cap, self.ideal_s = _prepared(d, port_bps)
+        self.have: dict[tuple[str, str], int] = dict.fromkeys(self.bytes, 0)
         self.prev: dict[tuple[str, str, str], int] = {}
 
     def net_s(self, have: Mapping[tuple[str, str], int], port_bps: float) -> float:
@@ -265,8 +251,43 @@ class _Job:
 
     def limited_by_cap(self) -> bool:
         """Is its slowest pair at its cap (more circuits elsewhere gain nothing)?"""
-        worst = max(self.bytes, key=lambda k: self.bytes[k] / max(self.have[k], 1e-9))
-        return self.have[worst] >= self.cap[worst]
+        worst, worst_t = None, -1.0
+        have = self.have
+        for k, x in self.bytes.items():
+            c = have[k]
+            t = x / c if c else math.inf
+            if t > worst_t:
+                worst, worst_t = k, t
+        return worst is not None and have[worst] >= self.cap[worst]
+
+
+_Prepared = tuple[dict[tuple[str, str], float], dict[tuple[str, str], int], float]
+_PREPARED: dict[int, tuple[JobDemand, float, _Prepared]] = {}
+
+
+def _prepared(d: JobDemand, port_bps: float) -> _Prepared:
+    """Bytes and ideal circuits per pair and the ideal iteration time (memoised per demand)."""
+    hit = _PREPARED.get(id(d))
+    if hit is not None and hit[0] is d and hit[1] == port_bps:
+        return hit[2]
+    pair = {(a, b): x for a, b, x in d.pair_bytes}
+    want = dict(d.want)
+    out: dict[str, float] = defaultdict(float)
+    for (a, b), x in pair.items():
+        out[a] += x
+        out[b] += x
+    # ideal circuits per pair: each pod's want split over its pairs by bytes
+    cap: dict[tuple[str, str], int] = {}
+    for (a, b), x in pair.items():
+        share_a = want.get(a, 0) * x / out[a] if out[a] else 0.0
+        share_b = want.get(b, 0) * x / out[b] if out[b] else 0.0
+        cap[(a, b)] = max(1, math.ceil(min(share_a, share_b)))
+    ideal = d.compute_s + max((x / (cap[k] * port_bps) for k, x in pair.items()), default=0.0)
+    if len(_PREPARED) > 8192:
+        _PREPARED.clear()
+    result: _Prepared = (pair, cap, ideal)
+    _PREPARED[id(d)] = (d, port_bps, result)
+    return result
 
 
 class _Ports:
