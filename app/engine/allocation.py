@@ -282,7 +282,12 @@ def _prepared(d: JobDemand, port_bps: float) -> _Prepared:
         share_a = want.get(a, 0) * x / out[a] if out[a] else 0.0
         share_b = want.get(b, 0) * x / out[b] if out[b] else 0.0
         cap[(a, b)] = max(1, math.ceil(min(share_a, share_b)))
-    ideal = d.compute_s + max((x / (cap[k] * port_bps) for k, x in pair.items()), default=0.0)
+    net = max((x / (cap[k] * port_bps) for k, x in pair.items()), default=0.0)
+    ideal = d.compute_s + net
+    if net > 0:
+        # beyond what brings a pair to the job's slowest ideal pair, circuits gain nothing
+        for k, x in pair.items():
+            cap[k] = max(1, min(cap[k], math.ceil(x / (net * port_bps) - 1e-9)))
     if len(_PREPARED) > 8192:
         _PREPARED.clear()
     result: _Prepared = (pair, cap, ideal)
@@ -383,7 +388,13 @@ def allocate_ports(
     reconfig_s = cluster.reconfig_ms / 1000.0
     turn_overhead = 1.0 / (1.0 - 1.0 / TURN_RECONFIGS) if reconfig_s > 0 else 1.0
     prev_jobs = {j.job_id: j for j in previous.jobs} if previous else {}
-    keep_floor = previous is not None and all(d.job_id in prev_jobs for d in demands)
+    # with a previous allocation every job starts from what it held; an arrival may
+    # shrink others (never below one circuit per pair) or make the latest share, a
+    # completion (no new job with cross-pod traffic) only adds
+    arrival = previous is not None and any(
+        d.cross_pod and d.job_id not in prev_jobs for d in demands
+    )
+    keep_floor = previous is not None and not arrival
     ports = _Ports(cluster)
     work: dict[str, _Job] = {}
     circuits: dict[str, dict[tuple[str, str, str], int]] = {}
@@ -400,14 +411,14 @@ def allocate_ports(
     unserved: list[str] = []
     pool: dict[tuple[str, str, str], int] = defaultdict(int)
 
-    # a completion (or recomputation): every job keeps what it held
-    if keep_floor and previous is not None:
+    # every job keeps what it held
+    if previous is not None:
         for o, a, b, n in previous.pool:
             k = ports.take_at(o, a, b, n)
             pool[(o, a, b)] += k
         for d in order:
-            pj = prev_jobs[d.job_id]
-            if pj.mode != MODE_ISOLATED:
+            pj = prev_jobs.get(d.job_id)
+            if pj is None or pj.mode != MODE_ISOLATED:
                 continue
             mine = circuits.setdefault(d.job_id, {})
             for o, a, b, n in pj.circuits:
@@ -419,20 +430,39 @@ def allocate_ports(
                     work[d.job_id].have[(a, b)] += k
 
     # 1. minimum: one circuit per pair, all or nothing
-    prev_shared = {
-        d.job_id for d in order if keep_floor and prev_jobs[d.job_id].mode == MODE_SHARED
-    }
-    prev_elec = {
-        d.job_id for d in order if keep_floor and prev_jobs[d.job_id].mode == MODE_ELECTRICAL
-    }
+    was = {d.job_id: prev_jobs[d.job_id].mode for d in order if d.job_id in prev_jobs}
+    prev_shared = {j for j, m in was.items() if m == MODE_SHARED}
+    prev_elec = {j for j, m in was.items() if m == MODE_ELECTRICAL}
+    sharers_before = max(1, len(previous.turn_order)) if previous is not None else 1
+    pool_before: dict[tuple[str, str], int] = defaultdict(int)
+    for (_, a, b), n in pool.items():
+        pool_before[(a, b)] += n
     for d in order:
         w = work[d.job_id]
         if d.job_id in prev_shared:
-            continue  # keeps taking turns on a pool that only grows (below)
+            # it leaves the turns only for circuits of its own at least its share
+            claim = [
+                ((a, b), max(1, math.ceil(pool_before[(a, b)] / sharers_before)))
+                for a, b in w.bytes
+            ]
+            taken_all = _take_all(ports, [k for k, n in claim for _ in range(n)])
+            if not taken_all:
+                continue  # keeps taking turns on a pool that only grows (below)
+            prev_shared.discard(d.job_id)
+            mine = circuits.setdefault(d.job_id, {})
+            for o, a, b in taken_all:
+                mine[(o, a, b)] = mine.get((o, a, b), 0) + 1
+                w.have[(a, b)] += 1
+            isolated.append(d.job_id)
+            continue
         short = [k for k, c in w.have.items() if c == 0]
         if not short:
             isolated.append(d.job_id)
-        elif taken := _take_all(ports, short):
+        elif (taken := _take_all(ports, short)) or (
+            arrival
+            and _shrink_for(ports, circuits, work, isolated, short, port_bps)
+            and (taken := _take_all(ports, short))
+        ):
             mine = circuits.setdefault(d.job_id, {})
             for o, a, b in taken:
                 mine[(o, a, b)] = mine.get((o, a, b), 0) + 1
@@ -710,6 +740,55 @@ def _take_all(ports: _Ports, pairs: Sequence[tuple[str, str]]) -> list[tuple[str
             return []
         taken.append((got[0][0], a, b))
     return taken
+
+
+def _shrink_for(
+    ports: _Ports,
+    circuits: dict[str, dict[tuple[str, str, str], int]],
+    work: Mapping[str, _Job],
+    isolated: Sequence[str],
+    pairs: Sequence[tuple[str, str]],
+    port_bps: float,
+) -> bool:
+    """Free one port on both pods of each pair on a common OXC by shrinking others.
+
+    Donors are isolated jobs with more than one circuit on the pair they give up
+    (never below their minimum); the one with the lowest estimated slowdown
+    gives first. Changes only the donors. False when some pair cannot be freed.
+    """
+    for a, b in pairs:
+        if ports.room(a, b) >= 1:
+            continue
+        done = False
+        for i, oxc in enumerate(ports.oxcs):
+            plan: list[tuple[str, tuple[str, str, str]]] = []
+            for pod in (a, b):
+                if ports.free[pod][i] > 0:
+                    continue
+                donors = [
+                    (work[j].slowdown(port_bps), j, key)
+                    for j in isolated
+                    for key, n in circuits.get(j, {}).items()
+                    if n > 0
+                    and key[0] == oxc
+                    and pod in key[1:]
+                    and work[j].have[(key[1], key[2])] > 1
+                    and all(key != k for _, k in plan)
+                ]
+                if not donors:
+                    break
+                _, j, key = min(donors)
+                plan.append((j, key))
+            else:
+                for j, key in plan:
+                    circuits[j][key] -= 1
+                    work[j].have[(key[1], key[2])] -= 1
+                    ports.give(key[0], key[1], key[2], 1)
+                done = True
+                break
+        if not done:
+            return False
+    return True
 
 
 def _latest_holding(

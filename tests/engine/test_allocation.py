@@ -224,3 +224,32 @@ def test_allocated_circuits_map_onto_the_oxcs_without_a_port_twice(
     # mapping again from what is held changes nothing
     again = map_allocation(cluster, wanted, mapping.cross_connects)
     assert again.cross_connects == mapping.cross_connects and again.added == 0
+
+
+@settings(max_examples=150, deadline=None)
+@given(scenarios())
+def test_an_arrival_changes_only_jobs_near_it(
+    case: tuple[Cluster, list[JobDemand], float],
+) -> None:
+    """Starting from what runs, an arrival changes the new job, jobs on its pods, and
+    jobs on the pods of those it took circuits from; everyone stays served."""
+    cluster, demands, electrical = case
+    before = allocate_ports(cluster, demands[:-1], electrical_gbps=electrical)
+    after = allocate_ports(cluster, demands, previous=before, electrical_gbps=electrical)
+    _check_budgets(cluster, after)
+    _check_served(demands, after, electrical)
+    new = demands[-1]
+    near = set(new.pods)
+    losers = set()
+    for d in demands[:-1]:
+        old, now = before.job(d.job_id), after.job(d.job_id)
+        assert old is not None and now is not None
+        had, has = old.pair_circuits(), now.pair_circuits()
+        if old.mode != now.mode or any(has.get(k, 0) < n for k, n in had.items()):
+            losers.add(d.job_id)
+    touched = near | {p for d in demands if d.job_id in losers for p in d.pods}
+    for d in demands[:-1]:
+        old, now = before.job(d.job_id), after.job(d.job_id)
+        assert old is not None and now is not None
+        if old != now:
+            assert set(d.pods) & touched, (d.job_id, old, now)
