@@ -2,12 +2,13 @@
 
 Fixed seed. Jobs (dense, dp x pp with 2-8 servers, 7B-405B parameters) are
 scattered over 2-4 pods each, 300 of them (the allocator's hard case: every job
-has cross-pod traffic); each job's demand is `job_demand`. Then it times, per event:
-- arrival: `allocate_ports` from scratch over every running job;
-- completion: one job leaves, `allocate_ports(previous=...)` water-fills the
-  freed ports on top of what the others hold.
-It prints p50/p99/max, how many jobs are isolated/shared/electrical, and the
-mean and worst estimated slowdown.
+has cross-pod traffic); each job's demand is `job_demand`. Then it times, per
+event: a completion (one job leaves, `allocate_ports(previous=...)` water-fills
+the freed ports on top of what the others hold) and an arrival (the job comes
+back, on top of what the others hold, shrinking donors on its pods if it must).
+The from-scratch time is printed for comparison (not bounded). It prints
+p50/p99/max, how many jobs are isolated/shared/electrical, and the mean and
+worst estimated slowdown.
 
 Bound (exit 1 when missed): wall p99 <= 10 ms per event (the controller's
 budget). The CPU columns (thread time) show what the call costs when the
@@ -25,8 +26,9 @@ import random
 import statistics
 import sys
 import time
+from collections.abc import Callable
 
-from app.engine.allocation import JobDemand, allocate_ports, job_demand
+from app.engine.allocation import JobDemand, PortAllocation, allocate_ports, job_demand
 from app.engine.cluster import preset
 from app.engine.job import ComputeTimes, Job, ModelFacts, Parallelism, Placement, Unit
 
@@ -93,38 +95,45 @@ def main() -> int:
         f"seed-15k: {len(placed)} running jobs ({cross} with cross-pod traffic), "
         f"{len(free)} free servers; seed {SEED}"
     )
-    arrival_ms: list[float] = []
-    completion_ms: list[float] = []
-    cpu_ms: dict[str, list[float]] = {"arrival": [], "completion": []}
+    times: dict[str, tuple[list[float], list[float]]] = {
+        "from scratch": ([], []),
+        "completion": ([], []),
+        "arrival": ([], []),
+    }
+
+    def timed(name: str, fn: Callable[[], PortAllocation]) -> PortAllocation:
+        start, cpu = time.perf_counter(), time.thread_time()
+        out = fn()
+        times[name][0].append((time.perf_counter() - start) * 1e3)
+        times[name][1].append((time.thread_time() - cpu) * 1e3)
+        return out
+
     alloc = allocate_ports(cluster, demands)
     for _ in range(args.events):
-        start, cpu = time.perf_counter(), time.thread_time()
-        alloc = allocate_ports(cluster, demands)
-        arrival_ms.append((time.perf_counter() - start) * 1e3)
-        cpu_ms["arrival"].append((time.thread_time() - cpu) * 1e3)
+        alloc = timed("from scratch", lambda: allocate_ports(cluster, demands))
         gone = rng.randrange(len(demands))
         rest = demands[:gone] + demands[gone + 1 :]
-        start, cpu = time.perf_counter(), time.thread_time()
-        allocate_ports(cluster, rest, previous=alloc)
-        completion_ms.append((time.perf_counter() - start) * 1e3)
-        cpu_ms["completion"].append((time.thread_time() - cpu) * 1e3)
+        full = alloc
+        after = timed("completion", lambda: allocate_ports(cluster, rest, previous=full))  # noqa: B023
+        back = rest + [demands[gone]]
+        # the same job arrives again on top of what the others hold now
+        timed("arrival", lambda: allocate_ports(cluster, back, previous=after))  # noqa: B023
     modes: dict[str, int] = {}
     for ja in alloc.jobs:
         modes[ja.mode] = modes.get(ja.mode, 0) + 1
     slow = [ja.estimated_slowdown for ja in alloc.jobs if ja.mode != "none"]
     ok = True
     print(
-        f"{'event':<11} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'cpu p50':>8} "
+        f"{'event':<13} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'cpu p50':>8} "
         f"{'cpu p99':>8} {'calls':>6}"
     )
-    for name, ms in (("arrival", arrival_ms), ("completion", completion_ms)):
+    for name, (ms, cpu_list) in times.items():
         p99 = _pct(ms, 0.99)
-        cpu_list = cpu_ms[name]
         print(
-            f"{name:<11} {_pct(ms, 0.5):8.3f} {p99:8.3f} {max(ms):8.3f} "
+            f"{name:<13} {_pct(ms, 0.5):8.3f} {p99:8.3f} {max(ms):8.3f} "
             f"{_pct(cpu_list, 0.5):8.3f} {_pct(cpu_list, 0.99):8.3f} {len(ms):6d}"
         )
-        if p99 > P99_BOUND_MS:
+        if name != "from scratch" and p99 > P99_BOUND_MS:
             print(f"  BOUND MISSED: p99 {p99:.3f} ms > {P99_BOUND_MS} ms")
             ok = False
     print(f"modes: {dict(sorted(modes.items()))}; shared pool {len(alloc.pool)} OXC entries")
