@@ -586,7 +586,8 @@ def allocate_ports(
 
     heap: list[tuple[float, int, str]] = []
     for j in isolated:
-        heapq.heappush(heap, (-work[j].slowdown(port_bps), work[j].rank, j))
+        if any(pod_free[p] > 0 for p in work[j].d.pods):  # else nothing can grow it
+            heapq.heappush(heap, (-work[j].slowdown(port_bps), work[j].rank, j))
     if shared:
         s, _ = pool_slowdown()
         heapq.heappush(heap, (-s, -1, POOL))
@@ -664,6 +665,10 @@ def allocate_ports(
             own = tuple(
                 (o, a, b, n) for (o, a, b), n in sorted(circuits.get(j, {}).items()) if n > 0
             )
+            old = prev_jobs.get(j)
+            if old is not None and old.mode == MODE_ISOLATED and old.circuits == own:
+                out.append(old)  # unchanged: the same allocation (and object)
+                continue
             ports_by_pod: dict[str, float] = defaultdict(float)
             for _, a, b, n in own:
                 ports_by_pod[a] += n
