@@ -468,6 +468,8 @@ def allocate_ports(
                 mine[(o, a, b)] = mine.get((o, a, b), 0) + 1
                 w.have[(a, b)] += 1
             isolated.append(d.job_id)
+            if arrival and d.job_id not in prev_jobs:
+                _rebalance_for(d.job_id, ports, circuits, work, isolated, port_bps)
         else:
             unserved.append(d.job_id)
 
@@ -754,12 +756,14 @@ def _shrink_for(
     isolated: Sequence[str],
     pairs: Sequence[tuple[str, str]],
     port_bps: float,
+    below: float = math.inf,
 ) -> bool:
     """Free one port on both pods of each pair on a common OXC by shrinking others.
 
     Donors are isolated jobs with more than one circuit on the pair they give up
-    (never below their minimum); the one with the lowest estimated slowdown
-    gives first. Changes only the donors. False when some pair cannot be freed.
+    (never below their minimum) whose estimated slowdown after giving stays
+    below `below`; the one with the lowest slowdown gives first. Changes only
+    the donors. False when some pair cannot be freed.
     """
     for a, b in pairs:
         if ports.room(a, b) >= 1:
@@ -767,24 +771,26 @@ def _shrink_for(
         done = False
         for i, oxc in enumerate(ports.oxcs):
             plan: list[tuple[str, tuple[str, str, str]]] = []
-            for pod in (a, b):
-                if ports.free[pod][i] > 0:
-                    continue
+            needed = [pod for pod in (a, b) if ports.free[pod][i] <= 0]
+            while needed:
+                pod = needed[0]
                 donors = [
-                    (work[j].slowdown(port_bps), j, key)
+                    # a circuit between both needed pods frees both at once
+                    (-len(set(needed) & set(key[1:])), work[j].slowdown(port_bps), j, key)
                     for j in isolated
                     for key, n in circuits.get(j, {}).items()
-                    if n > 0
+                    if n - sum(1 for _, k in plan if k == key) > 0
                     and key[0] == oxc
                     and pod in key[1:]
-                    and work[j].have[(key[1], key[2])] > 1
-                    and all(key != k for _, k in plan)
+                    and work[j].have[(key[1], key[2])] - sum(1 for _, k in plan if k == key) > 1
+                    and (below == math.inf or _slowdown_without(work[j], key, port_bps) < below)
                 ]
                 if not donors:
                     break
-                _, j, key = min(donors)
+                _, _, j, key = min(donors)
                 plan.append((j, key))
-            else:
+                needed = [p for p in needed if p not in key[1:]]
+            if not needed:
                 for j, key in plan:
                     circuits[j][key] -= 1
                     work[j].have[(key[1], key[2])] -= 1
@@ -794,6 +800,51 @@ def _shrink_for(
         if not done:
             return False
     return True
+
+
+def _slowdown_without(w: _Job, key: tuple[str, str, str], port_bps: float) -> float:
+    """The job's estimated slowdown with one circuit fewer on the key's pair."""
+    pair = (key[1], key[2])
+    w.have[pair] -= 1
+    try:
+        return w.slowdown(port_bps)
+    finally:
+        w.have[pair] += 1
+
+
+def _rebalance_for(
+    job_id: str,
+    ports: _Ports,
+    circuits: dict[str, dict[tuple[str, str, str], int]],
+    work: Mapping[str, _Job],
+    isolated: Sequence[str],
+    port_bps: float,
+) -> None:
+    """Water-filling for an arrival on top of what runs: the new job takes circuits
+    from jobs on its pods while they stay less slowed than it is (one at a time)."""
+    w = work[job_id]
+    mine = circuits.setdefault(job_id, {})
+    near = set(w.d.pods)
+    donors = [x for x in isolated if x != job_id and near & set(work[x].d.pods)]
+    for _ in range(sum(w.cap.values())):
+        pair = w.bottleneck()
+        if pair is None:
+            return
+        w.have[pair] += 1
+        gain = w.slowdown(port_bps)  # its slowdown with one more circuit there
+        w.have[pair] -= 1
+        if gain >= w.slowdown(port_bps) - 1e-12:
+            return
+        if not ports.room(*pair) and not _shrink_for(
+            ports, circuits, work, donors, [pair], port_bps, below=gain
+        ):
+            return
+        got = ports.take(pair[0], pair[1], 1)
+        if not got:
+            return
+        key = (got[0][0], pair[0], pair[1])
+        mine[key] = mine.get(key, 0) + 1
+        w.have[pair] += 1
 
 
 def _latest_holding(
