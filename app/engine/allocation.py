@@ -295,17 +295,27 @@ def _prepared(d: JobDemand, port_bps: float) -> _Prepared:
     return result
 
 
+_WIRED: dict[int, tuple[Cluster, dict[str, list[int]]]] = {}
+
+
 class _Ports:
     """Free ports per pod and OXC (a list per pod, indexed like `oxcs`)."""
 
     __slots__ = ("free", "oxcs", "index")
 
     def __init__(self, cluster: Cluster) -> None:
+        hit = _WIRED.get(id(cluster))
+        if hit is None or hit[0] is not cluster:
+            wired = {
+                p.id: [len(o.pod_ports.get(p.id, ())) for o in cluster.oxcs] for p in cluster.pods
+            }
+            if len(_WIRED) > 8:
+                _WIRED.clear()
+            hit = (cluster, wired)
+            _WIRED[id(cluster)] = hit
         self.oxcs = [o.id for o in cluster.oxcs]
         self.index = {o: i for i, o in enumerate(self.oxcs)}
-        self.free: dict[str, list[int]] = {
-            p.id: [len(o.pod_ports.get(p.id, ())) for o in cluster.oxcs] for p in cluster.pods
-        }
+        self.free: dict[str, list[int]] = {p: list(v) for p, v in hit[1].items()}
 
     def room(self, a: str, b: str) -> int:
         return sum(map(min, self.free[a], self.free[b]))
@@ -921,16 +931,24 @@ def map_allocation(
         need[key] -= 1
         kept.append(cc)
         used.update({(cc.oxc_id, cc.port_a), (cc.oxc_id, cc.port_b)})
+    by_id = {o.id: o for o in cluster.oxcs}
     free: dict[tuple[str, str], list[int]] = {}
-    for oxc in cluster.oxcs:
-        for pod, ports in oxc.pod_ports.items():
-            free[(oxc.id, pod)] = sorted(
-                (p for p in ports if (oxc.id, p) not in used), reverse=True
-            )
+
+    def free_ports(oxc_id: str, pod: str) -> list[int]:
+        got = free.get((oxc_id, pod))
+        if got is None:
+            oxc = by_id.get(oxc_id)
+            ports = oxc.pod_ports.get(pod, ()) if oxc is not None else ()
+            got = sorted((p for p in ports if (oxc_id, p) not in used), reverse=True)
+            free[(oxc_id, pod)] = got
+        return got
+
     added: list[CrossConnect] = []
     unmapped: list[tuple[str, str, str, int]] = []
     for (job, o, a, b), n in sorted(need.items()):
-        fa, fb = free.get((o, a), []), free.get((o, b), [])
+        if n <= 0:
+            continue
+        fa, fb = free_ports(o, a), free_ports(o, b)
         k = min(n, len(fa), len(fb))
         for _ in range(k):
             added.append(CrossConnect.of(o, fa.pop(), fb.pop(), job))
