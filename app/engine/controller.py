@@ -854,6 +854,16 @@ def network_view(state: ControllerState, job_id: str) -> NetworkView | None:
     return NetworkView(mode, tuple(ports), slowdown, reason)
 
 
+def free_uplinks(state: ControllerState) -> dict[str, int]:
+    """Uplink ports per pod no job's allocation (nor the shared pool) holds: what a new
+    job spanning pods could get there (`placement.place_job(..., ports_free=...)`)."""
+    free = {p.id: p.uplink_ports for p in state.cluster.pods}
+    for (_, pod), n in state.allocation.used_ports().items():
+        if pod in free:
+            free[pod] = max(0, free[pod] - n)
+    return free
+
+
 def _job_demand(cluster: Cluster, state: ControllerState, jf: JobFabric) -> DemandMatrix:
     traffic = job_traffic(
         cluster,
@@ -893,6 +903,7 @@ __all__ = [
     "PortsChanged",
     "SwitchConfirmed",
     "Tick",
+    "free_uplinks",
     "network_view",
     "new_controller",
     "step",

@@ -162,3 +162,13 @@ def test_a_shrinking_job_gives_up_circuits_in_its_compute_gap() -> None:
     mine = [cc for cc in state.desired if cc.job_id == "a"]
     theirs = [cc for cc in state.desired if cc.job_id == "b"]
     assert 0 < len(mine) < 16 and len(mine) + len(theirs) == 16
+
+
+def test_free_uplinks_are_what_no_allocation_holds() -> None:
+    from app.engine.controller import free_uplinks
+
+    a = _job("a", _on(SMALL, [0, 1], 0, 1))  # 1 server per pod: wants 8 ports each
+    state = _run(new_controller(SMALL, CONFIG), [JobPlaced(*a, at_s=0.0)])
+    free = free_uplinks(state)
+    assert free["pod-0"] == free["pod-1"] == 8
+    assert free["pod-2"] == free["pod-3"] == 16
