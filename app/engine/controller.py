@@ -642,6 +642,8 @@ def _observed(
         if gap.fits or e.at_s - state.deferred[e.job_id] > MAX_DEFER_S:
             return _apply_deferred(state, (e.job_id,), e.at_s, "allocation")
         return state, ()  # its re-allocation waits for a gap: no rewiring before it
+    if jf.slice.mode == MODE_TIME_DIVISION:
+        return _turn_for_phase(state, e.job_id, plan_id, e.at_s)
     if target is None or target == cycle.target:
         return state, ()
     return _rewire(state, jf, target, e.at_s)
@@ -782,9 +784,42 @@ def _tick(state: ControllerState, e: Tick) -> tuple[ControllerState, tuple[Decis
     order = state.turn_order
     if len(order) < 2 or e.at_s - state.turn_started_s < state.config.turn_s:
         return state, ()
+    return _rotate_to(state, order[1], e.at_s)
+
+
+def _turn_for_phase(
+    state: ControllerState, job_id: str, plan_id: str, at_s: float
+) -> tuple[ControllerState, tuple[Decision, ...]]:
+    """CASSINI-style interleaving on shared ports: a sharer whose communication phase
+    has come takes the turn at once when the job holding it is in a compute gap
+    long enough to switch there and back (its next phase predicted further off)."""
+    order = state.turn_order
+    if plan_id == EMPTY_PLAN_ID or job_id not in order or order[0] == job_id:
+        return state, ()
+    holder = state.cycles.get(order[0])
+    if holder is None or holder.predictor.period is None or not holder.confirmed_period:
+        return state, ()  # nothing known of the holder's gaps: the clock rotates turns
+    gap = should_preinstall(
+        holder.arrivals,
+        at_s,
+        2 * state.config.reconfig_ms,
+        holder.predictor.period,
+        guard_ms=state.config.guard_ms,
+    )
+    if not gap.fits:
+        return state, ()
+    return _rotate_to(state, job_id, at_s)
+
+
+def _rotate_to(
+    state: ControllerState, job_id: str, at_s: float
+) -> tuple[ControllerState, tuple[Decision, ...]]:
+    """Give the turn on the shared ports to `job_id` (turn order rotated to it)."""
+    order = state.turn_order
     fabric = state.fabric
     assert fabric is not None
-    rotated = order[1:] + order[:1]
+    i = order.index(job_id)
+    rotated = order[i:] + order[:i]
     head = fabric.job(rotated[0])
     leaving = order[0]
     if head is None:
@@ -801,7 +836,7 @@ def _tick(state: ControllerState, e: Tick) -> tuple[ControllerState, tuple[Decis
         state,
         fabric=replace(fabric, time_division=rotated),
         desired=desired,
-        turn_started_s=e.at_s,
+        turn_started_s=at_s,
     )
     real = realised_circuits(state.cluster, mapping.cross_connects, head.job_id)
     for jf_id, circuits in ((head.job_id, real), (leaving, PodCircuits((), ()))):
@@ -811,7 +846,7 @@ def _tick(state: ControllerState, e: Tick) -> tuple[ControllerState, tuple[Decis
         new_fabric, routing = _with_circuits(state, jf, circuits)
         state = replace(state, fabric=new_fabric)
         decisions += [Decision("routing", jf_id, "phase", routing=r) for r in routing]
-    state = _record_installs(state, {head.job_id: HELD_PLAN, leaving: OFF_TURN}, e.at_s)
+    state = _record_installs(state, {head.job_id: HELD_PLAN, leaving: OFF_TURN}, at_s)
     return state, tuple(decisions)
 
 

@@ -172,3 +172,47 @@ def test_free_uplinks_are_what_no_allocation_holds() -> None:
     free = free_uplinks(state)
     assert free["pod-0"] == free["pod-1"] == 8
     assert free["pod-2"] == free["pod-3"] == 16
+
+
+ONE_PORT = build_cluster(
+    "one-port",
+    pods=2,
+    tors_per_pod=1,
+    servers_per_tor=4,
+    uplink_ports_per_pod=1,
+    oxcs=1,
+    oxc_ports=2,
+)
+
+
+def test_sharers_take_the_turn_when_their_phase_comes_in_the_holders_gap() -> None:
+    """One circuit, two jobs: both take turns. A sharer whose phase comes while the
+    holder is in a long compute gap gets the circuit then, not when the clock says."""
+    from app.engine.controller import PhaseObserved
+    from app.engine.plan_signature import PodDemand
+
+    a = _job("a", _on(ONE_PORT, [0, 1], 0, 1))
+    b = _job("b", _on(ONE_PORT, [0, 1], 1, 1))
+    config = ControllerConfig(reconfig_ms=25.0, turn_ms=60_000.0)  # the clock never rotates
+    state = _run(new_controller(ONE_PORT, config), [JobPlaced(*a, at_s=0.0), JobPlaced(*b, 0.1)])
+    order = state.turn_order
+    assert set(order) == {"a", "b"}
+    holder, other = order
+    view = network_view(state, other)
+    assert view is not None and view.mode == "shared"
+    demand = PodDemand((("pod-0", "pod-1", 1e9),))
+    events: list[Event] = [
+        PhaseObserved(holder, demand, 1.0 * k, 1.0 * k + 0.001) for k in range(1, 6)
+    ]
+    state = _run(state, events)
+    assert state.turn_order[0] == holder
+    # the holder's next phase is at 6.0; the other's phase starts at 5.2
+    state, decisions = step(state, PhaseObserved(other, demand, 5.2, 5.201))
+    assert state.turn_order[0] == other
+    assert [cc.job_id for cc in state.desired] == [other]
+    assert any(d.kind == "routing" and d.job_id == other for d in decisions)
+    # the new holder's gaps are not known yet: the turn stays until the clock
+    state, _ = step(state, PhaseObserved(holder, demand, 6.0, 6.001))
+    assert state.turn_order[0] == other
+    ports = [(cc.oxc_id, p) for cc in state.desired for p in (cc.port_a, cc.port_b)]
+    assert len(ports) == len(set(ports))
