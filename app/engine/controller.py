@@ -43,7 +43,7 @@ from dataclasses import dataclass, field, replace
 from .allocation import EMPTY_ALLOCATION, JobDemand, PortAllocation, allocate_ports, job_demand
 from .circuits import PodCircuits, evaluate_circuits, port_bound_s
 from .cluster import Cluster
-from .collective import AggregatorLedger
+from .collective import AggregatorLedger, choose_iteration_collective
 from .cross_connects import (
     CrossConnect,
     diff_cross_connects,
@@ -65,7 +65,7 @@ from .fabric import (
     plan_topology,
     route_phases,
 )
-from .job import Job, Placement
+from .job import Collective, Job, Placement
 from .plan_signature import EMPTY_PLAN_ID, PlanCatalog, PodDemand, classify_plan
 from .predictor import DEFAULT_ALGORITHM, PredictorState, new_predictor
 from .predictor import step as step_predictor
@@ -431,7 +431,61 @@ def _reallocate(
     if active is None or not fabric.time_division or fabric.time_division[0] != active:
         state = replace(state, turn_started_s=at_s)
     changed = _jobs_changed(before.cross_connects, desired)
-    return _record_installs(state, changed, at_s), flushed + decisions
+    state = _record_installs(state, changed, at_s)
+    state, follow = _follow_aggregators(state, ledger, changed_alloc, reason)
+    return state, flushed + decisions + follow
+
+
+def _follow_aggregators(
+    state: ControllerState, before: AggregatorLedger, planned: set[str], reason: str
+) -> tuple[ControllerState, tuple[Decision, ...]]:
+    """Per-iteration INC choice: when an arrival or completion fills or frees aggregators,
+    running jobs under those switches re-choose for their next iteration (INC, or a
+    ring when the aggregators are full) and their dp routing header says so."""
+    fabric = state.fabric
+    if fabric is None:
+        return state, ()
+    moved = {(g.tor_id, g.job_id, g.gbps) for g in before.grants} ^ {
+        (g.tor_id, g.job_id, g.gbps) for g in fabric.aggregators.grants
+    }
+    switches = {sw for sw, _, _ in moved}
+    if not switches:
+        return state, ()
+    cluster = state.cluster
+    ledger = fabric.aggregators
+    jobs = {pj.job.job_id: pj.job for pj in state.jobs}
+    decisions: list[Decision] = []
+    out = list(fabric.jobs)
+    for i, jf in enumerate(fabric.jobs):
+        job = jobs.get(jf.job_id)
+        if job is None or jf.job_id in planned or job.parallelism.dp < 2:
+            continue
+        if job.collective not in (Collective.AUTO, Collective.INC):
+            continue
+        near = set(jf.collective.aggregators)
+        for s in jf.placement.servers:
+            server = cluster.server(s)
+            near.update((server.tor_id, server.pod_id))
+        if not near & switches:
+            continue
+        pod_gbps = jf.circuits.gbps(cluster.nic_gbps) if jf.circuits.total else None
+        choice = choose_iteration_collective(
+            cluster, job, jf.placement, ledger, jf.collective, pod_gbps
+        )
+        if choice is jf.collective:
+            continue
+        ledger = ledger.release(jf.job_id).reserve(cluster, choice.grants)
+        new_jf = replace(jf, collective=choice)
+        state = replace(state, fabric=replace(fabric, jobs=tuple(out)))
+        fixed, routing = _with_circuits(state, new_jf, jf.circuits)
+        out[i] = next(j for j in (fixed.jobs if fixed else ()) if j.job_id == jf.job_id)
+        decisions += [
+            Decision("routing", jf.job_id, f"{reason}: aggregators", routing=r) for r in routing
+        ]
+    if not decisions:
+        return state, ()
+    fabric = replace(fabric, jobs=tuple(out), aggregators=ledger)
+    return replace(state, fabric=fabric), tuple(decisions)
 
 
 def _defer_to_gaps(

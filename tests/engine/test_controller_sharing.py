@@ -216,3 +216,51 @@ def test_sharers_take_the_turn_when_their_phase_comes_in_the_holders_gap() -> No
     assert state.turn_order[0] == other
     ports = [(cc.oxc_id, p) for cc in state.desired for p in (cc.port_a, cc.port_b)]
     assert len(ports) == len(set(ports))
+
+
+AGG = build_cluster(
+    "agg",
+    pods=2,
+    tors_per_pod=2,
+    servers_per_tor=8,
+    uplink_ports_per_pod=2,
+    oxcs=1,
+    oxc_ports=4,
+    aggregator_gbps=3200.0,
+    pod_aggregator_gbps=1600.0,
+)
+
+
+def test_inc_follows_aggregators_from_one_iteration_to_the_next() -> None:
+    """A job forced to INC falls back while another job holds the aggregators, and its
+    dp routing header switches to INC once they are freed (no re-placement)."""
+    pod = AGG.pods[0]
+    hog_servers = [s.id for t in pod.tors for s in t.servers[:4]]
+    job_servers = [s.id for t in pod.tors for s in t.servers[4:6]]
+
+    def inc_job(job_id: str, servers: list[str]) -> tuple[Job, Placement]:
+        job = Job(
+            job_id,
+            Parallelism(dp=len(servers), pp=1),
+            ModelFacts(70e9, 2.0),
+            collective=Collective.INC,
+        )
+        units = tuple(Unit(s, 0, i, 0) for i, s in enumerate(servers))
+        return job, Placement(job_id, units)
+
+    state = _run(
+        new_controller(AGG, CONFIG),
+        [JobPlaced(*inc_job("hog", hog_servers), 0.0), JobPlaced(*inc_job("j", job_servers), 0.1)],
+    )
+    hog, j = state.job_fabric("hog"), state.job_fabric("j")
+    assert hog is not None and hog.collective.inc
+    assert j is not None and not j.collective.inc and "unavailable" in j.collective.reason
+    dp = next(r for r in j.routing if r.phase == "dp")
+    assert not dp.inc
+    state, decisions = step(state, JobCompleted("hog", 1.0))
+    j = state.job_fabric("j")
+    assert j is not None and j.collective.inc and "per iteration" in j.collective.reason
+    headers = [d.routing for d in decisions if d.kind == "routing" and d.job_id == "j"]
+    assert headers and any(h is not None and h.phase == "dp" and h.inc for h in headers)
+    assert state.fabric is not None
+    assert {g.job_id for g in state.fabric.aggregators.grants} == {"j"}
