@@ -279,6 +279,11 @@ def new_controller(cluster: Cluster, config: ControllerConfig) -> ControllerStat
 def step(state: ControllerState, event: Event) -> tuple[ControllerState, tuple[Decision, ...]]:
     """Apply one event; the decisions are what the switches and hosts must be told."""
     state = replace(state, now_s=max(state.now_s, event.at_s))
+    if state.deferred and isinstance(event, JobPlaced | JobCompleted | PortsChanged):
+        # what waited for a compute gap goes in before the next re-allocation
+        state, flushed = _apply_deferred(state, tuple(state.deferred), event.at_s, "allocation")
+        state, decisions = step(state, event)
+        return state, flushed + decisions
     if isinstance(event, JobPlaced):
         return _placed(state, event)
     if isinstance(event, JobCompleted):
@@ -375,12 +380,6 @@ def _reallocate(
     grow: bool,
     before_desired: tuple[CrossConnect, ...] | None = None,
 ) -> tuple[ControllerState, tuple[Decision, ...]]:
-    flushed: tuple[Decision, ...] = ()
-    if state.deferred:
-        # what waited for a compute gap is applied before the next re-allocation
-        state, flushed = _apply_deferred(state, tuple(state.deferred), at_s, reason)
-        if before_desired is not None:
-            before_desired = state.desired
     cluster = state.cluster
     previous = state.fabric
     # every arrival and completion re-allocates ports by demand; a job whose
@@ -433,7 +432,7 @@ def _reallocate(
     changed = _jobs_changed(before.cross_connects, desired)
     state = _record_installs(state, changed, at_s)
     state, follow = _follow_aggregators(state, ledger, changed_alloc, reason)
-    return state, flushed + decisions + follow
+    return state, decisions + follow
 
 
 def _follow_aggregators(
