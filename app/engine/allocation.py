@@ -92,14 +92,19 @@ class JobAllocation:
     expected_ports: tuple[tuple[str, float], ...]  # ports per pod on average (shared: pool/k)
     estimated_slowdown: float
     reason: str
+    # (oxc, pod, n): ports beyond its circuits, for per-phase topologies (a phase
+    # may use a pod's ports on one pair that the held topology splits over several)
+    spare: tuple[tuple[str, str, int], ...] = ()
 
     @property
     def oxc_ports(self) -> tuple[tuple[str, str, int], ...]:
-        """(oxc, pod, ports) this job holds on its own."""
+        """(oxc, pod, ports) this job holds on its own (circuits and spare ports)."""
         out: dict[tuple[str, str], int] = defaultdict(int)
         for o, a, b, n in self.circuits:
             out[(o, a)] += n
             out[(o, b)] += n
+        for o, p, n in self.spare:
+            out[(o, p)] += n
         return tuple((o, p, n) for (o, p), n in sorted(out.items()))
 
     @property
@@ -378,6 +383,29 @@ class _Ports:
             self.free[b][i] -= k
         return k
 
+    def take_port(self, o: str, pod: str, n: int) -> int:
+        """Up to n free ports of one pod on OXC o."""
+        i = self.index.get(o)
+        if i is None or pod not in self.free:
+            return 0
+        k = min(n, self.free[pod][i])
+        self.free[pod][i] -= k
+        return k
+
+    def take_ports(self, pod: str, n: int) -> list[tuple[str, int]]:
+        """Up to n free ports of one pod, from the OXCs with most free first."""
+        got = []
+        f = self.free.get(pod, [])
+        for i in sorted(range(len(f)), key=lambda i: -f[i]):
+            if n <= 0:
+                break
+            k = min(n, f[i])
+            if k > 0:
+                f[i] -= k
+                n -= k
+                got.append((self.oxcs[i], k))
+        return got
+
     def give(self, o: str, a: str, b: str, n: int) -> None:
         i = self.index[o]
         self.free[a][i] += n
@@ -419,6 +447,7 @@ def allocate_ports(
             work[d.job_id] = _Job(d, port_bps, rank)
     isolated: list[str] = []
     unserved: list[str] = []
+    spare: dict[str, dict[tuple[str, str], int]] = defaultdict(lambda: defaultdict(int))
     pool: dict[tuple[str, str, str], int] = defaultdict(int)
 
     # every job keeps what it held
@@ -438,6 +467,10 @@ def allocate_ports(
                 if k:
                     mine[(o, a, b)] = mine.get((o, a, b), 0) + k
                     work[d.job_id].have[(a, b)] += k
+            for o, pod, n in pj.spare:
+                k = ports.take_port(o, pod, n)
+                if k:
+                    spare[d.job_id][(o, pod)] += k
 
     # 1. minimum: one circuit per pair, all or nothing
     was = {d.job_id: prev_jobs[d.job_id].mode for d in order if d.job_id in prev_jobs}
@@ -468,10 +501,18 @@ def allocate_ports(
         short = [k for k, c in w.have.items() if c == 0]
         if not short:
             isolated.append(d.job_id)
-        elif (taken := _take_all(ports, short)) or (
-            arrival
-            and _shrink_for(ports, circuits, work, isolated, short, port_bps)
-            and (taken := _take_all(ports, short))
+        elif (
+            (taken := _take_all(ports, short))
+            or (
+                arrival
+                and _release_spare(ports, spare, set(w.d.pods))
+                and (taken := _take_all(ports, short))
+            )
+            or (
+                arrival
+                and _shrink_for(ports, circuits, work, isolated, short, port_bps)
+                and (taken := _take_all(ports, short))
+            )
         ):
             mine = circuits.setdefault(d.job_id, {})
             for o, a, b in taken:
@@ -663,6 +704,23 @@ def allocate_ports(
                 if room > moved:
                     chunks.append((oxc, room - moved))
 
+    # spare ports for per-phase topologies: what nobody's circuits took, up to each
+    # job's want on its pods (most slowed first)
+    for j in sorted(isolated, key=lambda x: -work[x].slowdown(port_bps)):
+        w = work[j]
+        held_ports: dict[str, int] = defaultdict(int)
+        for (_, a, b), n in circuits.get(j, {}).items():
+            held_ports[a] += n
+            held_ports[b] += n
+        for (_, pod), n in spare[j].items():
+            held_ports[pod] += n
+        for pod, want in w.d.want:
+            if pod in held_ports or any(pod in k for k in w.bytes):
+                more = want - held_ports[pod]
+                if more > 0:
+                    for o, k in ports.take_ports(pod, more):
+                        spare[j][(o, pod)] += k
+
     # results
     isolated_set = set(isolated)
     shared_set = set(shared)
@@ -677,14 +735,22 @@ def allocate_ports(
             own = tuple(
                 (o, a, b, n) for (o, a, b), n in sorted(circuits.get(j, {}).items()) if n > 0
             )
+            spare_out = tuple((o, pod, n) for (o, pod), n in sorted(spare[j].items()) if n > 0)
             old = prev_jobs.get(j)
-            if old is not None and old.mode == MODE_ISOLATED and old.circuits == own:
+            if (
+                old is not None
+                and old.mode == MODE_ISOLATED
+                and old.circuits == own
+                and old.spare == spare_out
+            ):
                 out.append(old)  # unchanged: the same allocation (and object)
                 continue
             ports_by_pod: dict[str, float] = defaultdict(float)
             for _, a, b, n in own:
                 ports_by_pod[a] += n
                 ports_by_pod[b] += n
+            for _, pod, n in spare_out:
+                ports_by_pod[pod] += n
             s = round(w.slowdown(port_bps), 4)
             out.append(
                 JobAllocation(
@@ -694,6 +760,7 @@ def allocate_ports(
                     tuple(sorted(ports_by_pod.items())),
                     s,
                     f"isolated circuits by demand (est. slowdown {s:.2f}x)",
+                    spare_out,
                 )
             )
         elif j in shared_set:
@@ -757,6 +824,20 @@ def _take_all(ports: _Ports, pairs: Sequence[tuple[str, str]]) -> list[tuple[str
             return []
         taken.append((got[0][0], a, b))
     return taken
+
+
+def _release_spare(
+    ports: _Ports, spare: dict[str, dict[tuple[str, str], int]], pods: set[str]
+) -> bool:
+    """Give back every job's spare ports on `pods` (headroom yields to a new job)."""
+    freed = False
+    for held in spare.values():
+        for (o, pod), n in list(held.items()):
+            if pod in pods and n > 0:
+                ports.free[pod][ports.index[o]] += n
+                held[(o, pod)] = 0
+                freed = True
+    return freed
 
 
 def _shrink_for(

@@ -253,3 +253,28 @@ def test_an_arrival_changes_only_jobs_near_it(
         assert old is not None and now is not None
         if old != now:
             assert set(d.pods) & touched, (d.job_id, old, now)
+
+
+def test_a_chain_job_holds_spare_ports_for_its_phase_topologies() -> None:
+    """Stages in pods 0, 1, 2: the held topology splits pod-1 over two pairs, but
+    each phase uses one pair; the job keeps the free ports of pods 0 and 2 as spare
+    so a phase's own topology can use all of them (until another job needs them)."""
+    cluster = _cluster(3, 2, 8)  # 16 ports per pod
+    want = (("pod-0", 16), ("pod-1", 16), ("pod-2", 16))
+    chain = JobDemand("chain", (("pod-0", "pod-1", 1e9), ("pod-1", "pod-2", 1e9)), want)
+    alloc = allocate_ports(cluster, [chain])
+    ja = alloc.job("chain")
+    assert ja is not None and ja.mode == MODE_ISOLATED
+    assert ja.pair_circuits() == {("pod-0", "pod-1"): 8, ("pod-1", "pod-2"): 8}
+    assert dict(ja.pod_ports) == {"pod-0": 16, "pod-1": 16, "pod-2": 16}
+    _check_budgets(cluster, alloc)
+    # a newcomer on pods 0 and 2 takes the spare ports first, then water-fills
+    other = JobDemand("other", (("pod-0", "pod-2", 1e9),), (("pod-0", 16), ("pod-2", 16)))
+    after = allocate_ports(cluster, [chain, other], previous=alloc)
+    jb = after.job("other")
+    ja2 = after.job("chain")
+    assert jb is not None and ja2 is not None and jb.mode == MODE_ISOLATED
+    assert jb.pair_circuits()[("pod-0", "pod-2")] >= 8  # at least the spare ports
+    assert all(n >= 1 for n in ja2.pair_circuits().values())
+    assert jb.estimated_slowdown >= ja2.estimated_slowdown  # it took only while ahead
+    _check_budgets(cluster, after)
