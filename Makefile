@@ -18,7 +18,7 @@ run: setup
 
 test: setup
 	$(BIN)/ruff check .
-	$(BIN)/mypy app
+	$(BIN)/mypy app lightpath_client
 	$(BIN)/python -m pytest
 
 lint: setup

@@ -31,8 +31,13 @@ def _settings(cluster: str | None) -> Settings:
     try:
         settings = Settings()
     except ValidationError as exc:
-        typer.echo(f"error: invalid LIGHTPATH_* setting:\n{exc}", err=True)
-        raise typer.Exit(2) from exc
+        # never the offending values: they may be tokens or a database password
+        lines = [
+            f"  LIGHTPATH_{'_'.join(str(p) for p in e['loc']).upper()}: {e['msg']}"
+            for e in exc.errors(include_input=False, include_url=False)
+        ]
+        typer.echo("error: invalid LIGHTPATH_* setting:\n" + "\n".join(lines), err=True)
+        raise typer.Exit(2) from None
     if cluster is not None:
         settings = settings.model_copy(update={"cluster": cluster})
     from app.logs import configure_logging
@@ -52,10 +57,12 @@ def _refuse_open_bind(settings: Settings, host: str) -> None:
 
 
 def _load_cluster(settings: Settings):  # type: ignore[no-untyped-def]
-    from app.wiring import ConfigError, load_cluster
+    from app.cluster_files import ConfigError, load_cluster
 
+    # LIGHTPATH_RECONFIG_MS overrides a cluster file's latencies only when it is set
+    reconfig_ms = settings.reconfig_ms if "reconfig_ms" in settings.model_fields_set else None
     try:
-        return load_cluster(settings.cluster, settings.reconfig_ms)
+        return load_cluster(settings.cluster, reconfig_ms)
     except ConfigError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc
@@ -178,6 +185,10 @@ def simulate(
     out: Annotated[str | None, typer.Option(help="directory for summary, plots")] = None,
     seed: Annotated[int, typer.Option(help="random seed")] = 0,
     reconfig_ms: Annotated[float | None, typer.Option(help="OXC reconfiguration latency")] = None,
+    seeds: Annotated[int, typer.Option(help="jittered runs per policy (mean, 95% CI)")] = 1,
+    gpu: Annotated[
+        str | None, typer.Option(help="a100|h100|b200 (default: the cluster's gpu_model)")
+    ] = None,
 ) -> None:
     """Replay a workload through the engine on simulated time."""
     from app.logs import configure_logging
@@ -189,7 +200,9 @@ def simulate(
     policies = [policy] if policy else [p.strip() for p in (compare or "").split(",") if p.strip()]
     from app.sim.commands import run_simulate
 
-    raise typer.Exit(run_simulate(cluster, workload, policies, out, seed, reconfig_ms))
+    raise typer.Exit(
+        run_simulate(cluster, workload, policies, out, seed, reconfig_ms, seeds=seeds, gpu=gpu)
+    )
 
 
 workload_cli = typer.Typer(help="Build workload files for `simulate`.", no_args_is_help=True)
@@ -202,11 +215,27 @@ def workload_from_trace(
     out: Annotated[str, typer.Option(help="workload JSON Lines to write")],
     jobs: Annotated[int | None, typer.Option(help="keep the first N jobs")] = None,
     seed: Annotated[int, typer.Option(help="random seed for plan choice")] = 0,
+    load: Annotated[float, typer.Option(help="load factor: arrival times / load")] = 1.0,
 ) -> None:
     """Build a workload from a public trace and the model tables vendored in data/."""
     from app.sim.commands import run_from_trace
 
-    raise typer.Exit(run_from_trace(trace, out, jobs, seed))
+    raise typer.Exit(run_from_trace(trace, out, jobs, seed, load))
+
+
+@workload_cli.command("generate")
+def workload_generate(
+    family: Annotated[str, typer.Option(help="dense|bigspan|moe|comm-heavy")],
+    out: Annotated[str, typer.Option(help="workload JSON Lines to write")],
+    load: Annotated[float, typer.Option(help="offered load (1 = the cluster's servers)")] = 1.0,
+    jobs: Annotated[int, typer.Option(help="number of jobs")] = 160,
+    seed: Annotated[int, typer.Option(help="random seed")] = 0,
+    cluster: Annotated[str, typer.Option(help="preset or cluster file")] = "seed-15k",
+) -> None:
+    """Generate a workload family with Kalos-trace sizes, run times and Poisson arrivals."""
+    from app.sim.commands import run_generate
+
+    raise typer.Exit(run_generate(family, cluster, load, jobs, seed, out))
 
 
 @cli.command()

@@ -40,6 +40,33 @@ class Settings(BaseSettings):
     turn_ms: float | None = Field(
         None, gt=0, description="a turn on shared ports (default 40 x reconfiguration, >= 250 ms)"
     )
+    db_pool_size: int = Field(10, ge=1, description="Postgres pool size (and as many overflow)")
+    db_pool_timeout_s: float = Field(
+        2.0, gt=0, description="wait for a pooled connection before answering 503"
+    )
+    db_lock_timeout_ms: int = Field(
+        2000, ge=0, description="Postgres lock_timeout: a statement waits this long for a lock"
+    )
+    db_idle_in_transaction_ms: int = Field(
+        3000,
+        ge=0,
+        description="Postgres idle_in_transaction_session_timeout: a stalled transaction ends",
+    )
+    retain_decisions_s: float = Field(
+        7 * 86400.0, gt=0, description="decisions older than this are deleted"
+    )
+    retain_reports_s: float = Field(
+        86400.0, gt=0, description="consumed traffic reports older than this are deleted"
+    )
+    idempotency_window_s: float = Field(
+        86400.0, gt=0, description="a traffic batch's Idempotency-Key is remembered this long"
+    )
+    retain_outbox_s: float = Field(
+        3600.0, gt=0, description="published outbox rows older than this are deleted"
+    )
+    retention_interval_s: float = Field(
+        60.0, gt=0, description="the leader runs retention at most this often"
+    )
     log_level: str = "INFO"
     max_body_bytes: int = Field(4 * 1024 * 1024, gt=0)
     admit_wait_s: float = Field(2.0, ge=0)

@@ -7,14 +7,11 @@ tests start them.
 
 from __future__ import annotations
 
-import json
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-import yaml
 from prometheus_client import CollectorRegistry
 
 from app.api.deps import Services
@@ -22,38 +19,23 @@ from app.api.metrics import ApiMetrics
 from app.api.read_cache import JobViewCache
 from app.bus import InProcessBus
 from app.bus.relay import OutboxRelay
-from app.engine.cluster import PRESETS, Cluster, cluster_from_dict, preset
+from app.cluster_files import ConfigError, load_cluster
+from app.engine.cluster import Cluster
 from app.engine.controller import ControllerConfig
 from app.settings import Settings
 from app.southbound import HttpDriver, InProcessDriver, SouthboundDriver
 from app.store import Store, create_db_engine
 from app.store.fabric_repository import FabricRepository
+from app.store.fencing import Fence
+from app.store.retention import Retention, RetentionPolicy
 from app.store.traffic_repository import TrafficRepository
 from app.worker import Worker
 from app.worker.fabric_driver import FabricDriver
 from app.worker.metrics import WorkerMetrics
 from app.worker.switch_controller import SwitchController
 
-
-class ConfigError(Exception):
-    """The settings or the cluster description cannot work; the message says why."""
-
-
-def load_cluster(name_or_file: str, reconfig_ms: float | None = None) -> Cluster:
-    """A preset by name, or a YAML/JSON cluster file in the shape of `GET /v1/cluster`."""
-    if name_or_file in PRESETS:
-        return preset(name_or_file, reconfig_ms=reconfig_ms)
-    path = Path(name_or_file)
-    if not path.is_file():
-        raise ConfigError(
-            f"cluster {name_or_file!r} is neither a preset ({', '.join(PRESETS)}) nor a file"
-        )
-    try:
-        text = path.read_text()
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-        return cluster_from_dict(data, name=path.stem)
-    except (ValueError, yaml.YAMLError) as exc:
-        raise ConfigError(f"cluster file {path}: {exc}") from exc
+# the cluster loaders stay importable from here
+__all__ = ["ConfigError", "Runtime", "build_runtime", "load_cluster"]
 
 
 def build_store(settings: Settings) -> Store:
@@ -80,12 +62,18 @@ class Runtime:
     worker: Worker | None = None
     controller: SwitchController | None = None
     is_leader: Callable[[], bool] = lambda: True
+    # run first on the worker and switch-controller threads (binds them to the fence)
+    thread_init: Callable[[], None] = lambda: None
     closers: list[Callable[[], None]] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
     _threads: list[threading.Thread] = field(default_factory=list)
 
     def _spawn(self, name: str, target: Callable[..., None], *args: Any) -> None:
-        thread = threading.Thread(target=target, args=args, name=name, daemon=True)
+        def run() -> None:
+            self.thread_init()
+            target(*args)
+
+        thread = threading.Thread(target=run, name=name, daemon=True)
         thread.start()
         self._threads.append(thread)
 
@@ -93,6 +81,7 @@ class Runtime:
         if self.relay is not None:
             self.relay.start()
         if self.worker is not None:
+            self.worker.thread_init = self.thread_init  # its fabric thread is fenced too
             self._spawn("worker", self.worker.run, self._stop, self.is_leader)
         if self.controller is not None:
             self._spawn("switch-controller", self.controller.run, self._stop, self.is_leader)
@@ -163,7 +152,24 @@ def attach_worker(
         turn_ms=settings.turn_ms,
     )
     fabric = FabricDriver(repo, TrafficRepository(store), cluster, config, metrics)
-    controller = SwitchController(repo, driver, cluster, metrics, on_confirmed=fabric.confirmed)
+    fabric.retention = Retention(
+        store,
+        RetentionPolicy(
+            decisions_s=settings.retain_decisions_s,
+            reports_s=settings.retain_reports_s,
+            idempotency_s=settings.idempotency_window_s,
+            outbox_s=settings.retain_outbox_s,
+        ),
+    )
+    fabric.retention_interval_s = settings.retention_interval_s
+    controller = SwitchController(
+        repo,
+        driver,
+        cluster,
+        metrics,
+        on_confirmed=fabric.confirmed,
+        desired_source=lambda: fabric.committed,
+    )
     worker = Worker(
         store,
         bus,
@@ -231,6 +237,9 @@ def build_worker_runtime(settings: Settings, cluster: Cluster) -> Runtime:
     metrics = WorkerMetrics(registry)
     attach_worker(runtime, settings, cluster, store, bus, driver, metrics)
     lease = RedisLease(settings.redis_url) if settings.redis_url else LocalLease()
+    # every transaction of the worker and switch threads carries the lease's token
+    fence = Fence(store.write_engine, lambda: lease.token)
+    runtime.thread_init = fence.bind_current_thread
     worker = runtime.worker
     assert worker is not None
 
@@ -238,6 +247,7 @@ def build_worker_runtime(settings: Settings, cluster: Cluster) -> Runtime:
         metrics.is_leader.set(1)
         worker.take_over()
         if runtime.controller is not None:
+            runtime.controller.reset()
             runtime.controller.kick()
 
     def deposed() -> None:

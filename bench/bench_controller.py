@@ -14,11 +14,13 @@ Run: .venv/bin/python bench/bench_controller.py [--events N]
 from __future__ import annotations
 
 import argparse
+import gc
+import os
 import random
 import statistics
 import sys
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 
 from app.engine.cluster import preset
 from app.engine.controller import (
@@ -28,6 +30,7 @@ from app.engine.controller import (
     PhaseObserved,
     SwitchConfirmed,
     Tick,
+    network_view,
     new_controller,
     step,
 )
@@ -42,9 +45,13 @@ RUNNING = 300
 
 
 def _job(rng: random.Random, k: int) -> Job:
-    # trace-like: many small jobs, a tail of wide ones (servers = dp * pp * ep)
-    dp = rng.choices([1, 2, 4, 8, 16], weights=[35, 30, 20, 10, 5])[0]
-    pp = rng.choices([1, 2, 4], weights=[60, 30, 10])[0]
+    # many small jobs and, one in 10, a 40-48 server job: once pods fill up these
+    # span pods, so cross-pod slices, circuits and turns are part of the measurement
+    if k % 10 == 0:
+        dp, pp = rng.choice([20, 24]), 2
+    else:
+        dp = rng.choices([1, 2, 4], weights=[60, 30, 10])[0]
+        pp = 1
     return Job(
         f"job-{k}",
         Parallelism(dp=dp, pp=pp, ep=1),
@@ -73,22 +80,26 @@ def main() -> int:
     placed: dict[str, tuple[Job, Placement]] = {}
     k = 0
     now = 0.0
-    times: dict[str, list[float]] = defaultdict(list)
+    times: dict[str, list[float]] = defaultdict(list)  # wall ms
+    cpu_times: dict[str, list[float]] = defaultdict(list)  # this process's CPU ms
 
     def feed(kind: str, event) -> None:
         nonlocal state
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         state, decisions = step(state, event)
         times[kind].append((time.perf_counter() - start) * 1000)
+        cpu_times[kind].append((time.process_time() - cpu) * 1000)
         if any(d.kind == "oxc" for d in decisions):
             held = frozenset(cc.key for cc in state.desired)
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.process_time()
             state, _ = step(state, SwitchConfirmed(held, event.at_s + 0.025))
             times["confirm"].append((time.perf_counter() - start) * 1000)
+            cpu_times["confirm"].append((time.process_time() - cpu) * 1000)
 
     def arrive() -> bool:
+        """Place the next job of the mix that fits the free servers (a few tries)."""
         nonlocal k
-        while True:
+        for _ in range(50):
             job = _job(rng, k)
             k += 1
             p = place_job(cluster, free, job)
@@ -97,23 +108,30 @@ def main() -> int:
                 placed[job.job_id] = (job, p)
                 feed("arrival", JobPlaced(job, p, now))
                 return True
-            if k > 100_000:
-                return False
+        return False
 
     print(f"filling seed-15k with {RUNNING} jobs ...", file=sys.stderr)
     while len(placed) < RUNNING and arrive():
         now += 0.01
+    # the worker does the same once its memory is loaded: long-lived state leaves the
+    # collector's generations, so a full collection does not walk 300 jobs' plans
+    gc.freeze()
     fill_ms = list(times.pop("arrival"))
+    fill_cpu = list(cpu_times.pop("arrival"))
     times.pop("confirm", None)
+    cpu_times.pop("confirm", None)
     phases = {j: _phases(cluster, job, p) for j, (job, p) in placed.items()}
     counters: dict[str, int] = defaultdict(int)
+    modes = Counter(view.mode for j in placed if (view := network_view(state, j)) is not None)
     print(
-        f"{len(placed)} jobs running, {len(free)} servers free; timing events ...", file=sys.stderr
+        f"{len(placed)} jobs running ({dict(modes)} by network mode), "
+        f"{len(free)} servers free; timing events ...",
+        file=sys.stderr,
     )
     for i in range(args.events):
         now += 0.02
         r = rng.random()
-        if r < 0.01 and placed:
+        if r < 0.03 and placed:
             gone = rng.choice(sorted(placed))
             _, p = placed.pop(gone)
             free.update(p.servers)
@@ -123,7 +141,7 @@ def main() -> int:
                 job_id = f"job-{k - 1}"
                 job, p = placed[job_id]
                 phases[job_id] = _phases(cluster, job, p)
-        elif r < 0.05:
+        elif r < 0.07:
             feed("tick", Tick(now))
         else:
             job_id = rng.choice(sorted(phases))
@@ -137,23 +155,33 @@ def main() -> int:
         if i and i % 1000 == 0:
             print(f"  {i}/{args.events} events", file=sys.stderr)
     worst = 0.0
-    print(f"{'event':<12}{'n':>7}{'p50 ms':>10}{'p99 ms':>10}")
-    rows = {"arrival (fill)": fill_ms, **times}
-    for kind, values in rows.items():
+    print(f"{'event':<16}{'n':>7}{'p50 ms':>10}{'p99 ms':>10}{'p99 cpu ms':>12}")
+    rows = {"arrival (fill)": (fill_ms, fill_cpu)}
+    rows.update({kind: (values, cpu_times[kind]) for kind, values in times.items()})
+    for kind, (values, cpu_values) in rows.items():
         if not values:
             continue
-        values = sorted(values)
-        p50 = statistics.median(values)
-        p99 = values[min(len(values) - 1, int(0.99 * len(values)))]
+        p99 = _p99(values)
         if kind != "arrival (fill)":
             worst = max(worst, p99)
-        print(f"{kind:<12}{len(values):>7}{p50:>10.2f}{p99:>10.2f}")
-    ok = worst <= P99_BOUND_MS
+        print(
+            f"{kind:<16}{len(values):>7}{statistics.median(values):>10.2f}{p99:>10.2f}"
+            f"{_p99(cpu_values):>12.2f}"
+        )
+    judged = [k for k, v in times.items() if v]
+    ok = bool(judged) and worst <= P99_BOUND_MS  # no event measured: not judged, fails
+    load = os.getloadavg()[0]
     print(
         f"worst p99 at {len(placed)} running jobs: {worst:.2f} ms (bound {P99_BOUND_MS} ms): "
         + ("ok" if ok else "MISSED")
+        + f"; load average {load:.2f} on {os.cpu_count()} cores"
     )
     return 0 if ok else 1
+
+
+def _p99(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
 
 
 if __name__ == "__main__":

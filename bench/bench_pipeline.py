@@ -74,18 +74,20 @@ class FullStack:
 
 
 @contextmanager
-def full_stack(cluster: str = "small", api_gc_threshold: int | None = None) -> Iterator[FullStack]:
+def full_stack(
+    cluster: str = "small", api_gc_threshold: int | None = None, redis_db: int = REDIS_DB
+) -> Iterator[FullStack]:
     """mock-oxc, worker and api as subprocesses on a fresh database; dropped after."""
     name = f"lightpath_bench_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(ADMIN, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
-    r = redis.Redis.from_url(f"redis://127.0.0.1:6379/{REDIS_DB}")
+    r = redis.Redis.from_url(f"redis://127.0.0.1:6379/{redis_db}")
     r.flushdb()
     oxc, api, worker = free_port(), free_port(), free_port()
     env = dict(
         os.environ,
         LIGHTPATH_DATABASE_URL=f"postgresql://postgres@127.0.0.1:5432/{name}",
-        LIGHTPATH_REDIS_URL=f"redis://127.0.0.1:6379/{REDIS_DB}",
+        LIGHTPATH_REDIS_URL=f"redis://127.0.0.1:6379/{redis_db}",
         LIGHTPATH_SOUTHBOUND_URL=f"http://127.0.0.1:{oxc}",
         LIGHTPATH_CLUSTER=cluster,
         LIGHTPATH_RECONFIG_MS="25",

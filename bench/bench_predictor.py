@@ -297,6 +297,8 @@ def main() -> int:
                 failures.append(f"{name}: {ml} misses > 2p+1 = {2 * p + 1}")
         shown = str(period) if period is not None else "-"
         print(f"{name:44} {len(plans):>5} {shown:>4} {ms:>6} {ml:>9} {bound:>5}")
+    if total["seed"] == 0:
+        failures.append("miss ratio not judged: no sequence with optical traffic")
     ratio = total["lightpath"] / max(1, total["seed"])
     print(f"\ntotal misses: seed={total['seed']} lightpath={total['lightpath']} ratio={ratio:.3f}")
     if ratio > 0.6:

@@ -27,6 +27,8 @@ from ._exceptions import (
 from ._models import (
     Advice,
     ClusterState,
+    DeadLetter,
+    DeadLetterPage,
     Decision,
     DecisionPage,
     Job,
@@ -48,6 +50,8 @@ __all__ = [
     "Client",
     "ClusterState",
     "Conflict",
+    "DeadLetter",
+    "DeadLetterPage",
     "Decision",
     "DecisionPage",
     "Forbidden",

@@ -26,6 +26,7 @@ from ._exceptions import TransportError, WaitTimeout, problem_from_response
 from ._models import (
     Advice,
     ClusterState,
+    DeadLetterPage,
     Decision,
     DecisionPage,
     Job,
@@ -147,6 +148,11 @@ class _Calls:
         )
 
     @staticmethod
+    def dead_letters(after: int, limit: int) -> Call[DeadLetterPage]:
+        params = {"after": after, "limit": limit}
+        return Call("GET", "/v1/traffic/dead-letters", DeadLetterPage.from_dict, params)
+
+    @staticmethod
     def prediction(job_id: str) -> Call[Prediction]:
         return Call("GET", "/v1/predictions/" + quote(job_id, safe=""), Prediction.from_dict)
 
@@ -177,7 +183,7 @@ class _Base:
         """Exponential backoff with full jitter; a numeric Retry-After wins (capped)."""
         if retry_after is not None and retry_after.replace(".", "", 1).isdigit():
             return min(float(retry_after), self.max_backoff_s)
-        return random.uniform(0.5, 1.0) * min(self.max_backoff_s, self.backoff_s * 2**attempt)
+        return random.uniform(0.5, 1.0) * min(self.max_backoff_s, self.backoff_s * 2.0**attempt)
 
     def _retry_after(self, response: httpx.Response | None, attempt: int) -> float | None:
         """Seconds to wait before retrying, or None when this answer is final."""
@@ -303,6 +309,10 @@ class Client(_Base):
     def prediction(self, job_id: str) -> Prediction:
         return self.request(_Calls.prediction(job_id))
 
+    def dead_letters(self, after: int = 0, limit: int = 100) -> DeadLetterPage:
+        """Traffic reports the worker set aside (scope telemetry); `next` is the next `after`."""
+        return self.request(_Calls.dead_letters(after, limit))
+
     def wait_for(
         self,
         job_id: str,
@@ -310,9 +320,14 @@ class Client(_Base):
         *,
         timeout_s: float | None = None,
         on_progress: Progress | None = None,
+        poll_s: float | None = None,
     ) -> Job:
-        """Long-poll until the job reaches `state` (or later); WaitTimeout at the deadline."""
-        waiter = _Waiter(job_id, state, timeout_s, self.poll_s)
+        """Long-poll until the job reaches `state` (or later); WaitTimeout at the deadline.
+
+        Each long-poll asks the server to hold the call `poll_s` (default the
+        client's); `on_progress(job, waited_s)` is called after each early answer.
+        """
+        waiter = _Waiter(job_id, state, timeout_s, poll_s or self.poll_s)
         while True:
             call = waiter.next_call()
             if call is None:
@@ -430,6 +445,9 @@ class AsyncClient(_Base):
     async def prediction(self, job_id: str) -> Prediction:
         return await self.request(_Calls.prediction(job_id))
 
+    async def dead_letters(self, after: int = 0, limit: int = 100) -> DeadLetterPage:
+        return await self.request(_Calls.dead_letters(after, limit))
+
     async def wait_for(
         self,
         job_id: str,
@@ -437,8 +455,9 @@ class AsyncClient(_Base):
         *,
         timeout_s: float | None = None,
         on_progress: Progress | None = None,
+        poll_s: float | None = None,
     ) -> Job:
-        waiter = _Waiter(job_id, state, timeout_s, self.poll_s)
+        waiter = _Waiter(job_id, state, timeout_s, poll_s or self.poll_s)
         while True:
             call = waiter.next_call()
             if call is None:

@@ -196,6 +196,37 @@ class Advice:
 
 
 @dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """A traffic report the worker set aside, and why."""
+
+    ord: int
+    job_id: str | None
+    reason: str
+    report: dict[str, Any]
+    at: dt.datetime | None
+
+    @classmethod
+    def from_dict(cls, body: dict[str, Any]) -> DeadLetter:
+        return cls(
+            int(body["ord"]),
+            body.get("job_id"),
+            str(body["reason"]),
+            dict(body.get("report") or {}),
+            _time(body.get("at")),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetterPage:
+    dead_letters: tuple[DeadLetter, ...]
+    next: int | None  # pass as `after` for the next page; None on the last page
+
+    @classmethod
+    def from_dict(cls, body: dict[str, Any]) -> DeadLetterPage:
+        return cls(tuple(DeadLetter.from_dict(d) for d in body["dead_letters"]), body.get("next"))
+
+
+@dataclass(frozen=True, slots=True)
 class Prediction:
     job_id: str
     period: int | None

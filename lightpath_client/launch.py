@@ -65,6 +65,7 @@ def plan_ranks(
     master_port: int,
     workdir: Path,
     gpus_per_server: int = 8,
+    server_url: str | None = None,
 ) -> list[Rank]:
     """Every rank's environment, in node-rank order; writes the hostfile and placement."""
     units = sorted(job.units, key=lambda u: node_rank(u, job.dp, job.ep))
@@ -101,6 +102,8 @@ def plan_ranks(
         "LIGHTPATH_PLACEMENT": str(placement),
         "LIGHTPATH_GPUS_PER_SERVER": str(gpus_per_server),
     }
+    if server_url:  # for the phase reporter; tokens never go on a command line
+        common["LIGHTPATH_URL"] = server_url
     return [
         Rank(
             i,
@@ -269,7 +272,10 @@ def launch(
     try:
         job = client.request(_Calls.submit_job(dict(body)))
         if not job.ended and job.state != "placed":
-            job = client.wait_for(job_id, "placed", timeout_s=wait_timeout_s, on_progress=progress)
+            progress(job, 0.0)  # at once: the first long-poll may hold for poll_s
+            job = client.wait_for(
+                job_id, "placed", timeout_s=wait_timeout_s, on_progress=progress, poll_s=10.0
+            )
         if job.state != "placed":
             progress.done(f"{job_id} is {job.state}; nothing to run")
             return 1
@@ -282,6 +288,7 @@ def launch(
             master_addr="127.0.0.1" if local else None,
             master_port=master_port or (free_port() if local else 29500),
             workdir=workdir or Path(cwd) / ".lightpath" / "launch" / _safe(job_id),
+            server_url=client.url,
         )
         if runner == "print":
             for rank in ranks:

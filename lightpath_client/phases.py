@@ -7,7 +7,7 @@ report and returns at once; a background thread posts batches to
 A telemetry failure never stops training: the batch is counted in `dropped`.
 
     reporter = PhaseReporter.from_env()        # inside a rank `lightpath launch` started
-    reporter.phase(ring_allreduce_demands(reporter.dp_ring(), nbytes))
+    reporter.allreduce(gradient_bytes)         # every DP group's ring AllReduce, one phase
 """
 
 from __future__ import annotations
@@ -100,6 +100,27 @@ class PhaseReporter:
             if (u["stage"], u["ep_rank"]) == (mine["stage"], mine["ep_rank"])
         ]
         return [u["server"] for u in sorted(group, key=lambda u: u["dp_rank"])]
+
+    def dp_rings(self) -> list[list[str]]:
+        """Every DP group of the job (one per stage and EP rank), each in DP rank order."""
+        groups: dict[tuple[int, int], list[Mapping[str, Any]]] = {}
+        for u in self.placement:
+            groups.setdefault((u["stage"], u["ep_rank"]), []).append(u)
+        return [
+            [u["server"] for u in sorted(group, key=lambda u: u["dp_rank"])]
+            for _key, group in sorted(groups.items())
+        ]
+
+    def allreduce(self, nbytes: float, started_at: float | None = None) -> None:
+        """Queue one phase: a ring AllReduce of `nbytes` in every DP group of the job.
+
+        A report is one phase of the whole job, so one process per job reports it
+        (e.g. node rank 0, local rank 0); stages are taken to hold equal gradients.
+        """
+        demands: dict[tuple[str, str], float] = {}
+        for ring in self.dp_rings():
+            demands.update(ring_allreduce_demands(ring, nbytes))
+        self.phase(demands, started_at)
 
     def phase(self, demands: Demands, started_at: float | None = None) -> None:
         """Queue one phase (zero-byte and empty phases are skipped); never blocks on I/O."""

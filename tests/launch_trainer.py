@@ -4,7 +4,8 @@
 
 Checks the environment the launcher gives each rank (exit 97 if wrong), writes
 OUTDIR/rank-<NODE_RANK>.json, then by MODE: `ok` exits 0; `fail` makes node rank 1
-exit 3 while the others wait to be stopped; `wait` waits for a signal. On SIGTERM a
+exit 3 while the others wait to be stopped; `slow` exits 0 after 4 s; `wait` waits for a
+signal. On SIGTERM a
 rank writes OUTDIR/term-<NODE_RANK> and exits 143.
 """
 
@@ -61,6 +62,9 @@ def main() -> int:
         return 0
     if mode == "fail" and rank == 1:
         return 3
+    if mode == "slow":  # outlives the lease several times over: only heartbeats keep the job
+        time.sleep(4)
+        return 0
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         time.sleep(0.05)

@@ -1,9 +1,21 @@
-"""The command line as API.md describes it."""
+"""The command line: offline tools through `python -m app.cli`, operator commands through
+the installed `lightpath` against a live server."""
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from pydantic import SecretStr
+
+from app.settings import Settings
+from lightpath_client import Client
+from tests.support import LiveServer
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
@@ -41,3 +53,129 @@ def test_unknown_algorithm_is_refused() -> None:
     result = _run("predict", "--algorithm", "oracle", "P")
     assert result.returncode == 2
     assert "seed" in result.stderr
+
+
+# -- operator commands through the client, against a live server ---------------------------
+
+LIGHTPATH = Path(sys.executable).with_name("lightpath")
+
+
+@pytest.fixture
+def live(tmp_path: Path) -> Iterator[LiveServer]:
+    from app.store.migrate import upgrade_to_head
+
+    settings = Settings(
+        database_url=f"sqlite:///{tmp_path / 'lp.db'}",
+        cluster="small",
+        admit_wait_s=2.0,
+        worker_tick_s=0.2,
+        api_tokens=SecretStr("launcher=tok-launch-1,operator=tok-oper-2"),
+    )
+    upgrade_to_head(settings)
+    server = LiveServer(settings)
+    server.start()
+    yield server
+    server.stop()
+
+
+def lp(server: LiveServer, *args: str, token: str | None = "tok-oper-2") -> tuple[int, str, str]:
+    """`lightpath ARGS` with the server from LIGHTPATH_URL and the token from LIGHTPATH_TOKEN."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LIGHTPATH_")}
+    env["LIGHTPATH_URL"] = server.url
+    if token:
+        env["LIGHTPATH_TOKEN"] = token
+    done = subprocess.run(
+        [str(LIGHTPATH), *args], capture_output=True, text=True, timeout=60, env=env
+    )
+    return done.returncode, done.stdout, done.stderr
+
+
+def test_version_is_the_installed_distributions() -> None:
+    from importlib.metadata import version
+
+    done = subprocess.run([str(LIGHTPATH), "--version"], capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout.strip() == f"lightpath {version('lightpath')}"
+
+
+def test_operator_commands_show_jobs_cluster_and_cancel(live: LiveServer) -> None:
+    with Client(live.url, token="tok-launch-1") as c:
+        c.submit_job("train-a", dp=4, pp=2)
+        c.submit_job("train-b", dp=16, pp=2)  # 32 servers: waits behind train-a
+        c.submit_job("done-c", dp=1, pp=1)
+        c.fail_job("done-c", exit_code=137, reason="oom")
+
+    code, out, err = lp(live, "jobs")
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[0].split() == ["JOB_ID", "STATE", "SERVERS", "DPxPPxEP", "AGE", "NOTE"]
+    rows = {line.split()[0]: line.split() for line in lines[1:]}
+    assert rows["train-a"][1:4] == ["placed", "8", "4x2x1"]
+    assert rows["train-b"][1:4] == ["queued", "32", "16x2x1"]
+    assert rows["done-c"][1] == "failed" and "exit 137: oom" in lines[3]
+
+    code, out, _ = lp(live, "jobs", "--state", "queued")
+    assert [line.split()[0] for line in out.splitlines()[1:]] == ["train-b"]
+    code, out, _ = lp(live, "jobs", "--json")
+    assert [j["job_id"] for j in json.loads(out)] == ["train-a", "train-b", "done-c"]
+
+    code, out, _ = lp(live, "job", "train-a")
+    assert code == 0 and "state:       placed" in out and "(8 servers)" in out
+    table = out.split("\n\n")[1].splitlines()
+    assert table[0].split() == ["NODE_RANK", "SERVER", "STAGE", "DP_RANK", "EP_RANK"]
+    ranks = [row.split() for row in table[1:]]
+    assert [int(r[0]) for r in ranks] == list(range(8))
+    # Megatron's order: dp rank fastest (ep = 1), then stage
+    assert [(int(r[2]), int(r[3])) for r in ranks] == [(s, d) for s in range(2) for d in range(4)]
+
+    code, out, _ = lp(live, "cluster")
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0].split() == ["POD", "STATE", "TORS", "SERVERS", "USED", "FREE"]
+    total = lines[-2].split()
+    assert total == ["total", "32", "8", "24"]
+    assert sum(int(line.split()[4]) for line in lines[1:-2]) == 8
+    assert lines[-1].startswith("jobs: 1 placed, 1 queued")
+
+    code, out, _ = lp(live, "cancel", "train-a")
+    assert (code, out.strip()) == (0, "train-a: cancelled")
+    with Client(live.url, token="tok-oper-2") as c:
+        assert c.wait_for("train-b", "placed", timeout_s=20).state == "placed"
+    code, out, err = lp(live, "job", "nope")
+    assert code == 1 and out == "" and "404" in err and "nope" in err
+
+
+def test_commands_need_a_token_when_the_server_has_them(live: LiveServer) -> None:
+    code, _, err = lp(live, "cluster", token=None)
+    assert code == 1 and "401" in err
+    code, _, err = lp(live, "cluster", token="wrong")
+    assert code == 1 and "401" in err
+    assert "wrong" not in err  # the token is never printed
+
+
+def test_decisions_and_follow(live: LiveServer) -> None:
+    with Client(live.url, token="tok-launch-1") as c:
+        c.submit_job("d-1", dp=2, pp=1)
+    code, out, err = lp(live, "decisions")
+    assert code == 0
+    seqs = [int(line.split()[0]) for line in out.splitlines()]
+    assert seqs == list(range(1, len(seqs) + 1)) and "placement" in out and "d-1" in out
+    assert err.strip() == f"next: {seqs[-1]}"
+
+    env = {**os.environ, "LIGHTPATH_URL": live.url, "LIGHTPATH_TOKEN": "tok-oper-2"}
+    follow = subprocess.Popen(
+        [str(LIGHTPATH), "decisions", "--follow", "--after", str(seqs[-1])],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        with Client(live.url, token="tok-launch-1") as c:
+            c.submit_job("d-2", dp=2, pp=1)
+        assert follow.stdout is not None
+        line = follow.stdout.readline()  # blocks until the new decision is printed
+        fields = line.split()
+        assert int(fields[0]) == seqs[-1] + 1  # the next one, none skipped
+        assert fields[2:5] == ["placement", "d-2", "arrival"]
+    finally:
+        follow.terminate()
+        follow.wait(timeout=10)

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
+from app.cluster_files import ConfigError, load_cluster
 from app.engine.cluster import cluster_to_dict, preset
-from app.wiring import ConfigError, load_cluster
 from tests.support import LiveServer
 
 
@@ -68,3 +70,32 @@ def test_cluster_view_shows_fragmentation_and_holders(server: LiveServer) -> Non
         ]
         assert len(held) == 3 and not any(s["free"] for s in held)
         assert all("aggregator_used_gbps" in t for p in view["pods"] for t in p["tors"])
+
+
+def test_reconfig_ms_overrides_a_cluster_file_only_when_given(tmp_path: Path) -> None:
+    data = cluster_to_dict(preset("small"))
+    for oxc in data["oxcs"]:
+        oxc["reconfig_ms"] = 7.0
+    path = tmp_path / "fabric.json"
+    path.write_text(json.dumps(data))
+    assert {o.reconfig_ms for o in load_cluster(str(path)).oxcs} == {7.0}
+    assert {o.reconfig_ms for o in load_cluster(str(path), 40.0).oxcs} == {40.0}
+    assert load_cluster(str(path), 40.0).server_ids == preset("small").server_ids
+    assert load_cluster("small", 3.0).reconfig_ms == 3.0
+    with pytest.raises(ConfigError, match=">= 0"):
+        load_cluster(str(path), -1.0)
+
+
+def test_loading_a_cluster_imports_neither_the_service_nor_numpy(tmp_path: Path) -> None:
+    path = tmp_path / "fabric.yaml"
+    path.write_text(yaml.safe_dump(cluster_to_dict(preset("small"))))
+    probe = (
+        "import sys; from app.cluster_files import load_cluster; "
+        f"load_cluster({str(path)!r}); load_cluster('seed-15k'); "
+        "print(sorted(m for m in ('fastapi', 'sqlalchemy', 'app.wiring', 'numpy', 'scipy') "
+        "if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60
+    ).stdout
+    assert out.strip() == "[]"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -108,7 +109,10 @@ def test_a_failing_rank_fails_the_job_with_its_exit_code(live: LiveServer, tmp_p
     assert {p.name for p in tmp_path.glob("term-*")} == {"term-0", "term-2", "term-3"}
 
 
-def test_sigterm_cancels_the_job_and_stops_the_ranks(live: LiveServer, tmp_path: Path) -> None:
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_cancels_the_job_and_stops_the_ranks(
+    live: LiveServer, tmp_path: Path, signum: signal.Signals
+) -> None:
     proc = subprocess.Popen(
         launch_argv(live, "sig-1", tmp_path, "wait"),
         cwd=tmp_path,
@@ -119,10 +123,10 @@ def test_sigterm_cancels_the_job_and_stops_the_ranks(live: LiveServer, tmp_path:
     while len(list(tmp_path.glob("rank-*.json"))) < 4:
         assert proc.poll() is None and time.monotonic() < deadline
         time.sleep(0.05)
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(signum)
     _, stderr = proc.communicate(timeout=60)
-    assert proc.returncode == 128 + signal.SIGTERM, stderr
-    assert "sig-1 cancelled (SIGTERM)" in stderr
+    assert proc.returncode == 128 + signum, stderr
+    assert f"sig-1 cancelled ({signum.name})" in stderr
     with Client(live.url) as c:
         assert c.get_job("sig-1").state == "cancelled"
         assert c.cluster().free_servers == SMALL_SERVERS
@@ -165,3 +169,140 @@ def test_print_runner_writes_command_lines_and_leaves_the_job_placed(
     shell = subprocess.run(["sh", "-c", lines[0].split("\t")[1]], timeout=60)
     assert shell.returncode == 0
     assert json.loads((tmp_path / "rank-0.json").read_text())["NODE_RANK"] == "0"
+
+
+FAKE_SSH = """#!{python}
+# Stands in for ssh: records its arguments, then runs the remote command (the last one) here.
+import json, os, sys
+with open(os.environ["FAKE_SSH_LOG"], "a") as log:
+    log.write(json.dumps(sys.argv[1:]) + "\\n")
+os.execvp("sh", ["sh", "-c", sys.argv[-1]])
+"""
+
+
+def test_ssh_runner_runs_each_rank_on_its_host(live: LiveServer, tmp_path: Path) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    ssh = bin_dir / "ssh"
+    ssh.write_text(FAKE_SSH.format(python=sys.executable))
+    ssh.chmod(0o755)
+    log = tmp_path / "ssh.log"
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "FAKE_SSH_LOG": str(log)}
+    template = "{srv}.{tor}.{pod}.cluster"
+    argv = launch_argv(
+        live, "ssh-1", tmp_path, "ok", "--runner", "ssh", "--host-template", template
+    )
+    done = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stderr
+    calls = [json.loads(line) for line in log.read_text().splitlines()]
+    with Client(live.url) as c:
+        job = c.get_job("ssh-1")
+    assert job.state == "completed"
+    by_rank = sorted(job.units, key=lambda u: u.dp_rank + 2 * u.stage)
+    expected_hosts = ["{2}.{1}.{0}.cluster".format(*u.server.split("/")) for u in by_rank]
+    assert sorted(call[2] for call in calls) == sorted(expected_hosts)
+    for call in calls:
+        assert call[:2] == ["-o", "BatchMode=yes"] and len(call) == 4
+        rank = expected_hosts.index(call[2])
+        line = call[3]
+        assert line.startswith(f"cd {tmp_path} && env ")
+        assert f" NODE_RANK={rank} " in line and f"MASTER_ADDR={expected_hosts[0]} " in line
+        assert "MASTER_PORT=29500 " in line and f"LIGHTPATH_URL={live.url} " in line
+        assert "TOKEN" not in line  # a token never goes on a command line
+    for i, host in enumerate(expected_hosts):
+        env_i = json.loads((tmp_path / f"rank-{i}.json").read_text())
+        assert env_i["MASTER_ADDR"] == expected_hosts[0] and env_i["NODE_RANK"] == str(i)
+        assert Path(env_i["LIGHTPATH_HOSTFILE"]).read_text().splitlines()[i] == f"{host} slots=8"
+
+
+def test_ssh_runner_reports_a_remote_failure(live: LiveServer, tmp_path: Path) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    ssh = bin_dir / "ssh"
+    ssh.write_text(FAKE_SSH.format(python=sys.executable))
+    ssh.chmod(0o755)
+    env = {
+        **os.environ,
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "FAKE_SSH_LOG": str(tmp_path / "ssh.log"),
+    }
+    argv = launch_argv(live, "ssh-2", tmp_path, "fail", "--runner", "ssh")
+    done = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 3, done.stderr
+    with Client(live.url) as c:
+        job = c.get_job("ssh-2")
+        assert (job.state, job.exit_code) == ("failed", 3)
+        assert c.cluster().free_servers == SMALL_SERVERS
+
+
+def test_print_runner_writes_the_hostfile_and_placement(live: LiveServer, tmp_path: Path) -> None:
+    argv = launch_argv(
+        live, "pr-2", tmp_path, "ok", "--runner", "print", "--host-template", "{srv}-{pod}"
+    )
+    done = run(argv, tmp_path)
+    assert done.returncode == 0, done.stderr
+    hostfile = tmp_path / "launch" / "hostfile"
+    assert f"hostfile {hostfile}" in done.stderr
+    with Client(live.url) as c:
+        job = c.get_job("pr-2")
+    by_rank = sorted(job.units, key=lambda u: u.dp_rank + 2 * u.stage)
+    hosts = ["{2}-{0}".format(*u.server.split("/")) for u in by_rank]
+    assert hostfile.read_text().splitlines() == [f"{h} slots=8" for h in hosts]
+    assert [line.split("\t")[0] for line in done.stdout.splitlines()] == hosts
+    placement = json.loads((tmp_path / "launch" / "placement.json").read_text())
+    assert placement["job_id"] == "pr-2"
+    assert [(u["node_rank"], u["host"], u["server"]) for u in placement["units"]] == [
+        (i, h, u.server) for i, (h, u) in enumerate(zip(hosts, by_rank, strict=True))
+    ]
+
+
+def test_heartbeats_keep_a_job_longer_than_its_lease(live: LiveServer, tmp_path: Path) -> None:
+    argv = launch_argv(live, "hb-1", tmp_path, "slow")
+    argv[argv.index("--lease-s") + 1] = "1"
+    done = run(argv, tmp_path)
+    assert done.returncode == 0, done.stderr
+    with Client(live.url) as c:
+        job = c.get_job("hb-1")
+    assert (job.state, job.end_reason) == ("completed", None)
+    assert job.completed_at is not None and job.placed_at is not None
+    assert (job.completed_at - job.placed_at).total_seconds() > 3
+
+
+def test_an_operator_cancel_stops_the_ranks(live: LiveServer, tmp_path: Path) -> None:
+    proc = subprocess.Popen(
+        launch_argv(live, "op-1", tmp_path, "wait"), cwd=tmp_path, stderr=subprocess.PIPE, text=True
+    )
+    deadline = time.monotonic() + 60
+    while len(list(tmp_path.glob("rank-*.json"))) < 4:
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
+    with Client(live.url) as c:
+        assert c.cancel_job("op-1").state == "cancelled"
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 1, stderr
+    assert "op-1 was ended by the server: cancelled" in stderr
+    assert len(list(tmp_path.glob("term-*"))) == 4  # every rank was stopped
+    with Client(live.url) as c:
+        assert c.get_job("op-1").state == "cancelled"
+        assert c.cluster().free_servers == SMALL_SERVERS
+
+
+def test_a_signal_while_queued_cancels_the_queued_job(live: LiveServer, tmp_path: Path) -> None:
+    with Client(live.url) as c:
+        assert c.submit_job("blocker", dp=16, pp=2).state == "placed"
+        proc = subprocess.Popen(
+            launch_argv(live, "q-2", tmp_path, "ok"),
+            cwd=tmp_path,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        started = time.monotonic()
+        assert proc.stderr is not None
+        assert proc.stderr.readline().startswith("[lightpath] q-2: queued")
+        # the progress line comes at once, not after the first long-poll (10 s) ran out
+        assert time.monotonic() - started < 8
+        proc.send_signal(signal.SIGTERM)
+        _, rest = proc.communicate(timeout=60)
+        assert proc.returncode == 128 + signal.SIGTERM, rest
+        assert c.get_job("q-2").state == "cancelled"
+        assert not list(tmp_path.glob("rank-*"))  # nothing ran

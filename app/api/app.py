@@ -3,40 +3,45 @@
 from __future__ import annotations
 
 from fastapi import FastAPI
-from fastapi.openapi.utils import get_openapi
 
 from .deps import Services
 from .middleware import BodyLimit, RequestTiming
+from .openapi import install_openapi_and_docs
 from .problems import install_problem_handlers
 from .routes import advice, fabric, jobs, ops, telemetry
 
 DESCRIPTION = """Online scheduler control plane for optically interconnected GPU datacenters.
 
-Auth: `Authorization: Bearer <token>`; scopes launcher (jobs), telemetry (traffic
-reports), operator (everything). Every error is `application/problem+json` (RFC 9457).
+Auth: `Authorization: Bearer <token>` (the Authorize button); scopes launcher (jobs),
+telemetry (traffic reports), operator (everything). With no tokens configured the
+server binds loopback only and needs none.
+
+Every error is `application/problem+json` (RFC 9457): `type`, `title`, `status`,
+`detail`, and `errors` (the offending fields) for validation problems.
+
+Paginated lists (`GET /v1/jobs`, `GET /v1/decisions`) follow one rule: `next` is the
+`after` to pass for the next page.
 """
 
-PROBLEM_SCHEMA = {
-    "type": "object",
-    "description": "RFC 9457 problem details",
-    "properties": {
-        "type": {"type": "string"},
-        "title": {"type": "string"},
-        "status": {"type": "integer"},
-        "detail": {"type": "string"},
-        "errors": {
-            "type": "array",
-            "description": "offending fields of a validation problem",
-            "items": {"type": "object"},
-        },
-    },
-    "required": ["type", "title", "status", "detail"],
-}
+TAGS = [
+    {"name": "jobs", "description": "a job's arrival, state and ending (launchers)"},
+    {"name": "telemetry", "description": "traffic reports and learned cycles"},
+    {"name": "advice", "description": "memory model"},
+    {"name": "fabric", "description": "cluster, switches and the decision log (operators)"},
+    {"name": "operations", "description": "probes and metrics (no token)"},
+]
 
 
 def create_app(services: Services) -> FastAPI:
     """Build the API around `services` (real or fake parts chosen by the caller)."""
-    app = FastAPI(title="Lightpath", version="0.1.0", description=DESCRIPTION)
+    app = FastAPI(
+        title="Lightpath",
+        version="0.1.0",
+        description=DESCRIPTION,
+        openapi_tags=TAGS,
+        docs_url=None,
+        redoc_url=None,
+    )
     app.state.services = services
     metrics = services.metrics
     install_problem_handlers(app)
@@ -45,19 +50,5 @@ def create_app(services: Services) -> FastAPI:
     app.add_middleware(BodyLimit, max_bytes=services.settings.max_body_bytes)
     app.add_middleware(RequestTiming, metrics=metrics)
 
-    def openapi() -> dict:  # type: ignore[type-arg]
-        if app.openapi_schema is None:
-            schema = get_openapi(
-                title=app.title,
-                version=app.version,
-                description=app.description,
-                routes=app.routes,
-            )
-            schema.setdefault("components", {}).setdefault("schemas", {})["Problem"] = (
-                PROBLEM_SCHEMA
-            )
-            app.openapi_schema = schema
-        return app.openapi_schema
-
-    app.openapi = openapi  # type: ignore[method-assign]
+    install_openapi_and_docs(app)
     return app

@@ -7,7 +7,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
-from fastapi import Depends, Request
+from fastapi import Depends, Request, Security
+from fastapi.security import HTTPBearer
 
 from app.engine.cluster import Cluster
 from app.settings import Settings
@@ -47,6 +48,16 @@ async def get_services(request: Request) -> Services:
 ServicesDep = Annotated[Services, Depends(get_services)]
 
 
+# Declares the bearer scheme to OpenAPI (so /docs can send a token); the scopes a
+# route admits are listed in its security requirement. The check is ours: `check`.
+BEARER = HTTPBearer(
+    scheme_name="bearerAuth",
+    description="a token from LIGHTPATH_API_TOKENS; its scope is launcher, telemetry or "
+    "operator (operator may call anything)",
+    auto_error=False,
+)
+
+
 def _scope_of(request: Request, tokens: dict[str, str]) -> str | None:
     header = request.headers.get("authorization", "")
     scheme, _, presented = header.partition(" ")
@@ -66,7 +77,11 @@ def require(*scopes: str) -> Any:
     An empty `scopes` admits any valid token.
     """
 
-    async def check(request: Request, services: ServicesDep) -> str | None:
+    async def check(
+        request: Request,
+        services: ServicesDep,
+        _bearer: Any = Security(BEARER, scopes=list(scopes)),  # noqa: B008 (FastAPI's idiom)
+    ) -> str | None:
         tokens = services.tokens
         if tokens is None:
             tokens = services.tokens = services.settings.token_scopes()

@@ -14,6 +14,8 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 log = logging.getLogger("lightpath.api")
@@ -108,6 +110,25 @@ async def _on_http(_request: Request, exc: Exception) -> JSONResponse:
     )
 
 
+RETRY_AFTER_S = "1"
+
+
+async def _on_database_busy(request: Request, exc: Exception) -> JSONResponse:
+    """No pooled connection within the pool timeout, a lock not granted in time, or the
+    database unreachable: the request did nothing; the client retries shortly."""
+    log.warning(
+        "database busy or unreachable",
+        extra={"path": request.url.path, "error": type(exc).__name__},
+    )
+    return problem_response(
+        503,
+        "Service unavailable",
+        "the database is busy or unreachable; retry after the Retry-After seconds",
+        kind="unavailable",
+        headers={"Retry-After": RETRY_AFTER_S},
+    )
+
+
 async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:
     log.exception("unhandled error", extra={"path": request.url.path})
     return problem_response(
@@ -122,4 +143,6 @@ def install_problem_handlers(app: FastAPI) -> None:
     app.add_exception_handler(Problem, _on_problem)
     app.add_exception_handler(RequestValidationError, _on_validation)
     app.add_exception_handler(StarletteHTTPException, _on_http)
+    app.add_exception_handler(PoolTimeout, _on_database_busy)
+    app.add_exception_handler(OperationalError, _on_database_busy)
     app.add_exception_handler(Exception, _on_unexpected)

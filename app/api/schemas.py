@@ -70,8 +70,28 @@ class ComputeIn(_Strict):
     optimizer_s: NonNegativeNumber | None = None
 
 
+JOB_EXAMPLE: dict[str, Any] = {
+    "job_id": "gpt3-175b-7",
+    "parallelism": {"dp": 8, "pp": 4, "ep": 1},
+    "model": {
+        "parameters": 175_000_000_000,
+        "bytes_per_parameter": 2,
+        "activation_bytes": 50_331_648,
+        "microbatches": 16,
+    },
+    "compute": {"microbatch_forward_s": 0.01, "microbatch_backward_s": 0.02, "optimizer_s": 0.05},
+    "collective": "auto",
+    "priority": 0,
+    "deadline": None,
+    "lease_s": 60,
+    "walltime_s": 86400,
+}
+
+
 class JobIn(_Strict):
     """`POST /v1/jobs`: a job arrival. `job_id` makes the call idempotent."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [JOB_EXAMPLE]})
 
     job_id: str = Field(pattern=JOB_ID_PATTERN, description="chosen by the launcher")
     parallelism: ParallelismIn
@@ -186,6 +206,10 @@ class JobOut(BaseModel):
 class FailIn(_Strict):
     """`POST /v1/jobs/{job_id}/fail`: the launcher's command failed."""
 
+    model_config = ConfigDict(
+        extra="forbid", json_schema_extra={"examples": [{"exit_code": 137, "reason": "oom"}]}
+    )
+
     exit_code: Annotated[StrictInt, Field(ge=-255, le=255)] | None = Field(
         None, description="exit status (negative: killed by that signal)"
     )
@@ -194,7 +218,9 @@ class FailIn(_Strict):
 
 class JobListOut(BaseModel):
     jobs: list[JobOut]
-    next: int | None = Field(None, description="pass as `after` for the next page")
+    next: int | None = Field(
+        None, description="pass as `after` for the next page; null on the last page"
+    )
 
 
 class DecisionOut(BaseModel):
@@ -210,7 +236,10 @@ class DecisionOut(BaseModel):
 
 class DecisionPage(BaseModel):
     decisions: list[DecisionOut]
-    next: int = Field(description="first seq not in this page; resume with after=next-1")
+    next: int = Field(
+        description="pass as `after` for the next page: the last seq in this page, or the "
+        "`after` asked for when the page is empty (the log may grow: ask again later)"
+    )
 
 
 class DemandIn(_Strict):
@@ -233,8 +262,21 @@ class ReportIn(_Strict):
     demands: list[DemandIn] = Field(min_length=1, max_length=100_000)
 
 
+TRAFFIC_EXAMPLE: dict[str, Any] = {
+    "reports": [
+        {
+            "job_id": "gpt3-175b-7",
+            "phase_started_at": 1763812345.125,
+            "demands": [{"src": "pod-0/tor-0/srv-0", "dst": "pod-2/tor-1/srv-3", "bytes": 1.2e9}],
+        }
+    ]
+}
+
+
 class TrafficIn(_Strict):
     """`POST /v1/traffic`: a batch, accepted or refused as a whole."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [TRAFFIC_EXAMPLE]})
 
     reports: list[ReportIn] = Field(min_length=1, max_length=10_000)
 
@@ -242,6 +284,23 @@ class TrafficIn(_Strict):
 class TrafficAccepted(BaseModel):
     accepted: int
     last_seq: int
+
+
+class DeadLetterOut(BaseModel):
+    """A traffic report the worker set aside, and why."""
+
+    ord: int = Field(description="its place in the ingest order; the cursor of this list")
+    job_id: str | None
+    reason: str
+    report: dict[str, Any] = Field(description="the report as it was posted")
+    at: dt.datetime | None
+
+
+class DeadLetterPage(BaseModel):
+    dead_letters: list[DeadLetterOut]
+    next: int | None = Field(
+        None, description="pass as `after` for the next page; null on the last page"
+    )
 
 
 class PredictionOut(BaseModel):
@@ -286,8 +345,25 @@ class AdviceParallelismIn(_Strict):
     ep: Degree = 1
 
 
+ADVICE_EXAMPLE: dict[str, Any] = {
+    "model": {
+        "parameters": 13_000_000_000,
+        "bytes_per_parameter": 2,
+        "hidden_size": 5120,
+        "num_layers": 40,
+        "seq_len": 2048,
+        "optimizer": "adam",
+        "activation_checkpointing": False,
+    },
+    "parallelism": {"tp": 8, "pp": 2, "dp": 16, "ep": 1},
+    "gpu_memory_bytes": 85_899_345_920,
+}
+
+
 class AdviceIn(_Strict):
     """`POST /v1/advice/batch-size`: the largest micro-batch that fits GPU memory."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [ADVICE_EXAMPLE]})
 
     model: AdviceModelIn
     parallelism: AdviceParallelismIn
@@ -306,3 +382,101 @@ class AdviceOut(BaseModel):
     max_microbatch: int
     memory_bytes: MemoryOut
     fits: bool
+
+
+class ServerOut(BaseModel):
+    id: str
+    free: bool
+    job_id: str | None = Field(None, description="the job holding it")
+
+
+class TorOut(BaseModel):
+    id: str
+    aggregator_gbps: float = Field(description="in-network aggregation capacity")
+    aggregator_used_gbps: float = Field(0.0, description="granted to placed jobs")
+    servers: list[ServerOut]
+
+
+class PodOut(BaseModel):
+    id: str
+    uplink_ports: int = Field(description="uplinks into the optical layer")
+    tors: list[TorOut]
+
+
+class OxcOut(BaseModel):
+    id: str
+    ports: int
+    reconfig_ms: float
+    pod_ports: dict[str, list[int]] = Field(description="this switch's ports wired to each pod")
+
+
+class PodFragmentationOut(BaseModel):
+    free_servers: int
+    largest_free_tor_block: int = Field(description="most free servers under one ToR")
+    free_whole_tors: int
+
+
+class ClusterSummaryOut(BaseModel):
+    servers: int
+    free_servers: int
+    gpus: int
+    queued_jobs: int
+    placed_jobs: int
+
+
+class ClusterOut(BaseModel):
+    """`GET /v1/cluster`: the cluster file's fields plus live free/used state."""
+
+    name: str
+    gpus_per_server: int
+    nic_gbps: float
+    pods: list[PodOut]
+    oxcs: list[OxcOut]
+    fragmentation: dict[str, PodFragmentationOut] = Field(description="per pod")
+    summary: ClusterSummaryOut
+
+
+class CrossConnectOut(BaseModel):
+    a: int
+    b: int
+    job_id: str | None = Field(description="the job this circuit serves")
+
+
+class OxcStateOut(BaseModel):
+    id: str
+    cross_connects: list[CrossConnectOut]
+
+
+class DesiredTopologyOut(BaseModel):
+    pod_circuits: dict[str, dict[str, int]]
+    oxcs: list[OxcStateOut]
+
+
+class TopologyOut(BaseModel):
+    """`GET /v1/topology`: what the switches confirmed, and `desired` where it differs."""
+
+    pod_circuits: dict[str, dict[str, int]] = Field(
+        description="circuits between pods (both directions listed)"
+    )
+    oxcs: list[OxcStateOut]
+    failed_ports: dict[str, list[int]] = Field(description="per OXC, ports without light")
+    mlu: float | None = Field(None, description="max link utilisation of the last plan")
+    time_division: list[Any] = Field(
+        default_factory=list, description="jobs taking turns on shared ports, in turn order"
+    )
+    desired: DesiredTopologyOut | None = Field(
+        None, description="present while the switches do not yet hold the desired state"
+    )
+
+
+class HealthOut(BaseModel):
+    status: Literal["ok"]
+
+
+class ReadyOut(BaseModel):
+    """`GET /readyz` when every check is ok (otherwise a 503 problem with `checks`)."""
+
+    status: Literal["ready"]
+    checks: dict[str, str] = Field(
+        description="database, bus and (with a southbound) southbound: ok or unreachable: ..."
+    )

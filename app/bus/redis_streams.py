@@ -100,14 +100,13 @@ class RedisStreamsBus:
         stream: str = "lightpath:commands",
         group: str = "workers",
         consumer: str | None = None,
-        changes_channel: str = "lightpath:changes",
+        changes_channel: str | None = None,
         claim_idle_ms: int = 10_000,
         maxlen: int = 1_000_000,
     ) -> None:
         self.stream = stream
         self.group = group
         self.consumer = consumer or default_consumer_name()
-        self.changes_channel = changes_channel
         self.claim_idle_ms = claim_idle_ms
         self.maxlen = maxlen
         # Bytes in and out: a poison entry that is not UTF-8 must not fail the whole reply.
@@ -123,6 +122,10 @@ class RedisStreamsBus:
             retry=Retry(NoBackoff(), 1),
             client_name=f"lightpath-bus:{self.consumer}",
         )
+        # pub/sub channels are server-wide, not per database: name ours after the
+        # database so two stacks on one Redis never hear each other's notices
+        db = self._redis.connection_pool.connection_kwargs.get("db", 0)
+        self.changes_channel = changes_channel or f"lightpath:{db}:changes"
         self._claim_cursor: bytes | str = "0-0"
         self._has_consumed = False
         self._lock = threading.Lock()

@@ -576,7 +576,21 @@ def allocate_ports(
         pool.clear()
         isolated.append(only)
 
-    # 3. water-filling on estimated slowdown
+    # 3. water-filling on estimated slowdown (spare ports are headroom: anyone's
+    # circuits, the owner's first, may take them; what is left is spare again below)
+    # (only on the pods of jobs that came or went, so jobs elsewhere stay as they are)
+    present = {d.job_id for d in demands}
+    changed_pods = {p for d in order if d.job_id not in prev_jobs for p in d.pods}
+    for gone in prev_jobs.values():
+        if gone.job_id not in present:
+            changed_pods.update(p for _, p, _ in gone.oxc_ports)
+    if previous is None:
+        _release_spare(ports, spare, set(ports.free))
+    else:
+        # jobs on those pods may turn their own spare ports into circuits
+        near = {j for j in spare if j in work and set(work[j].d.pods) & changed_pods}
+        _release_spare(ports, {j: spare[j] for j in near}, set(ports.free))
+        _release_spare(ports, spare, changed_pods)
     pool_have: dict[tuple[str, str], int] = defaultdict(int)
     for (_, a, b), n in pool.items():
         pool_have[(a, b)] += n
@@ -714,9 +728,16 @@ def allocate_ports(
             held_ports[b] += n
         for (_, pod), n in spare[j].items():
             held_ports[pod] += n
+        before = prev_jobs[j].spare if j in prev_jobs else ()
         for pod, want in w.d.want:
             if pod in held_ports or any(pod in k for k in w.bytes):
                 more = want - held_ports[pod]
+                # the same ports as before first: an unchanged job stays unchanged
+                for o, p_, n in before:
+                    if p_ == pod and more > 0:
+                        k = ports.take_port(o, pod, min(n, more))
+                        spare[j][(o, pod)] += k
+                        more -= k
                 if more > 0:
                     for o, k in ports.take_ports(pod, more):
                         spare[j][(o, pod)] += k
@@ -749,8 +770,6 @@ def allocate_ports(
             for _, a, b, n in own:
                 ports_by_pod[a] += n
                 ports_by_pod[b] += n
-            for _, pod, n in spare_out:
-                ports_by_pod[pod] += n
             s = round(w.slowdown(port_bps), 4)
             out.append(
                 JobAllocation(

@@ -21,11 +21,12 @@ import heapq
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-
-import numpy as np
-from scipy.optimize import Bounds, LinearConstraint, milp
+from typing import TYPE_CHECKING
 
 from .traffic import DemandMatrix
+
+if TYPE_CHECKING:  # numpy and scipy load when the exact solver first runs (start-up time)
+    import numpy as np
 
 _SEARCH_STEPS = 40  # bisection steps on T: relative precision ~1e-6 after bracketing
 _REL_EPS = 1e-9
@@ -478,6 +479,9 @@ def _solve(
     sum_paths(p,q) g = theta * D[p][q] / D_max, load(a->b) <= c_ab, row sums of c
     <= ports. Then T = D_max / (theta * B_port).
     """
+    import numpy as np
+    from scipy.optimize import Bounds, LinearConstraint, milp
+
     pods = demand.pod_ids
     n = len(pods)
     bw = port_gbps * 1e9 / 8

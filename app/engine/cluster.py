@@ -80,6 +80,7 @@ class Cluster:
     nic_gbps: float
     pods: tuple[Pod, ...]
     oxcs: tuple[Oxc, ...]
+    gpu_model: str = "a100"  # the GPU profile compute times come from (gpu_profiles.py)
     _index: dict[str, Server] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -266,7 +267,10 @@ def cluster_from_dict(data: Mapping[str, Any], name: str = "custom") -> Cluster:
         raise ValueError(f"cluster description is missing or mistypes a field: {exc}") from exc
     if gpus <= 0 or nic <= 0:
         raise ValueError("gpus_per_server and nic_gbps must be positive")
-    cluster = Cluster(str(data.get("name", name)), gpus, nic, tuple(pods), oxcs)
+    gpu_model = str(data.get("gpu_model", "a100")).lower()
+    if gpu_model not in ("a100", "h100", "b200"):
+        raise ValueError(f"gpu_model must be a100, h100 or b200, got {gpu_model!r}")
+    cluster = Cluster(str(data.get("name", name)), gpus, nic, tuple(pods), oxcs, gpu_model)
     pod_ids = {p.id for p in pods}
     for oxc in oxcs:
         seen: set[int] = set()
@@ -308,7 +312,14 @@ def without_failed_ports(cluster: Cluster, failed: Mapping[str, frozenset[int]])
         Pod(p.id, p.tors, max(0, p.uplink_ports - lost.get(p.id, 0)), p.aggregator_gbps)
         for p in cluster.pods
     )
-    return Cluster(cluster.name, cluster.gpus_per_server, cluster.nic_gbps, pods, tuple(oxcs))
+    return Cluster(
+        cluster.name,
+        cluster.gpus_per_server,
+        cluster.nic_gbps,
+        pods,
+        tuple(oxcs),
+        cluster.gpu_model,
+    )
 
 
 def cluster_to_dict(cluster: Cluster, used: Mapping[str, str] | None = None) -> dict[str, Any]:

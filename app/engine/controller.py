@@ -37,7 +37,7 @@ Redis or pydantic imports.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from .allocation import EMPTY_ALLOCATION, JobDemand, PortAllocation, allocate_ports, job_demand
@@ -46,6 +46,7 @@ from .cluster import Cluster
 from .collective import AggregatorLedger, choose_iteration_collective
 from .cross_connects import (
     CrossConnect,
+    changed_cross_connects,
     diff_cross_connects,
     map_cross_connects,
     port_pods,
@@ -343,8 +344,23 @@ def _completed(
     return _reallocate(state, jobs, "completion", e.at_s, grow=True)
 
 
-def _growers(cluster: Cluster, fabric: FabricPlan, jobs: Sequence[PlacedJob]) -> set[str]:
-    """Isolated jobs whose slice is short of non-blocking on pods that now have free ports."""
+def _pods_of(state: ControllerState, cc: CrossConnect) -> tuple[str, ...]:
+    where = port_pods(state.cluster)
+    return tuple(
+        p for p in (where.get((cc.oxc_id, cc.port_a)), where.get((cc.oxc_id, cc.port_b))) if p
+    )
+
+
+def _growers(
+    cluster: Cluster,
+    fabric: FabricPlan,
+    jobs: Sequence[PlacedJob],
+    freed: Collection[str] | None = None,
+) -> set[str]:
+    """Isolated jobs whose slice is short of non-blocking on pods that now have free ports.
+
+    With `freed`, only jobs with a slice on one of those pods (where ports came free).
+    """
     free = {p.id: p.uplink_ports for p in cluster.pods}
     kept = {pj.job.job_id for pj in jobs}
     for jf in fabric.jobs:
@@ -354,6 +370,8 @@ def _growers(cluster: Cluster, fabric: FabricPlan, jobs: Sequence[PlacedJob]) ->
     out = set()
     for jf in fabric.jobs:
         if jf.job_id not in kept or jf.slice.mode != MODE_ISOLATED:
+            continue
+        if freed is not None and not any(p in freed for p, _ in jf.slice.pod_ports):
             continue
         if any(free[p] > 0 and jf.plan.completion_s > 0 for p, _ in jf.slice.pod_ports):
             if _is_port_bound(cluster, jf) and all(free[p] > 0 for p, _ in jf.slice.pod_ports):
@@ -379,6 +397,7 @@ def _reallocate(
     *,
     grow: bool,
     before_desired: tuple[CrossConnect, ...] | None = None,
+    freed: Collection[str] | None = None,
 ) -> tuple[ControllerState, tuple[Decision, ...]]:
     cluster = state.cluster
     previous = state.fabric
@@ -411,7 +430,7 @@ def _reallocate(
         allocation=allocation,
     )
     state = replace(state, allocation=allocation)
-    before = state.fabric or FabricPlan((), state.desired, PodCircuits((), ()), 0.0, ledger, (), ())
+    before = state.fabric or FabricPlan((), state.desired, 0.0, ledger, (), ())
     before = replace(
         before, cross_connects=state.desired if before_desired is None else before_desired
     )
@@ -429,7 +448,9 @@ def _reallocate(
     )
     if active is None or not fabric.time_division or fabric.time_division[0] != active:
         state = replace(state, turn_started_s=at_s)
-    changed = _jobs_changed(before.cross_connects, desired)
+    changed = _jobs_changed(
+        before.cross_connects, desired, changed_cross_connects(before.cross_connects, desired)
+    )
     state = _record_installs(state, changed, at_s)
     state, follow = _follow_aggregators(state, ledger, changed_alloc, reason)
     return state, decisions + follow
@@ -568,22 +589,28 @@ def _apply_deferred(
         Decision("oxc", None, f"{reason}: compute gap", oxc=c)
         for c in diff_cross_connects(state.desired, desired)
     )
-    changed = _jobs_changed(state.desired, desired)
+    changed = _jobs_changed(state.desired, desired, changed_cross_connects(state.desired, desired))
     state = replace(state, desired=desired, pending=tuple(waiting), deferred=still)
     return _record_installs(state, changed, at_s), decisions
 
 
 def _jobs_changed(
-    before: Sequence[CrossConnect], after: Sequence[CrossConnect]
+    before: Sequence[CrossConnect],
+    after: Sequence[CrossConnect],
+    changes: tuple[tuple[CrossConnect, ...], tuple[CrossConnect, ...]],
 ) -> dict[str, str | None]:
     """Jobs whose cross-connects differ, with None (the caller sets what they are for)."""
+    gone, added = changes
+    touched = {cc.job_id for cc in gone + added}
     old: dict[str, set[tuple[str, int, int]]] = {}
     new: dict[str, set[tuple[str, int, int]]] = {}
     for cc in before:
-        old.setdefault(cc.job_id, set()).add(cc.key)
+        if cc.job_id in touched:
+            old.setdefault(cc.job_id, set()).add(cc.key)
     for cc in after:
-        new.setdefault(cc.job_id, set()).add(cc.key)
-    return {j: None for j in set(old) | set(new) if old.get(j) != new.get(j)}
+        if cc.job_id in touched:
+            new.setdefault(cc.job_id, set()).add(cc.key)
+    return {j: None for j in touched if old.get(j) != new.get(j)}
 
 
 def _record_installs(

@@ -13,7 +13,7 @@ pods have the most free ports (balancing keeps later circuits placeable).
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from .circuits import PodCircuits
@@ -167,6 +167,26 @@ def map_cross_connects(
     return CrossConnectMapping(
         tuple(sorted(kept + added, key=_physical)), tuple(unmapped), len(kept), len(added)
     )
+
+
+def changed_cross_connects(
+    before: Sequence[CrossConnect], after: Sequence[CrossConnect]
+) -> tuple[tuple[CrossConnect, ...], tuple[CrossConnect, ...]]:
+    """(in `before` only, in `after` only), comparing objects by identity first.
+
+    Plans keep the very objects of cross-connects they leave alone, so the bulk of
+    a large fabric is skipped by identity; what remains is compared by value, and
+    a cross-connect in both (equal though not the same object) is in neither.
+    """
+    before_ids = {id(cc) for cc in before}
+    after_ids = {id(cc) for cc in after}
+    gone = [cc for cc in before if id(cc) not in after_ids]
+    new = [cc for cc in after if id(cc) not in before_ids]
+    if gone and new:
+        same = set(gone) & set(new)
+        gone = [cc for cc in gone if cc not in same]
+        new = [cc for cc in new if cc not in same]
+    return tuple(gone), tuple(new)
 
 
 def diff_cross_connects(

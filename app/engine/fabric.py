@@ -43,6 +43,7 @@ from .collective import AggregatorLedger, CollectiveChoice, choose_collective, r
 from .cross_connects import (
     CrossConnect,
     OxcChange,
+    changed_cross_connects,
     diff_cross_connects,
     map_cross_connects,
     port_pods,
@@ -128,7 +129,6 @@ class FabricPlan:
 
     jobs: tuple[JobFabric, ...]
     cross_connects: tuple[CrossConnect, ...]
-    pod_circuits: PodCircuits
     mlu: float
     aggregators: AggregatorLedger
     time_division: tuple[str, ...]  # turn order; the first holds the shared ports now
@@ -137,16 +137,6 @@ class FabricPlan:
     def job(self, job_id: str) -> JobFabric | None:
         """The job's entry, or None."""
         return next((j for j in self.jobs if j.job_id == job_id), None)
-
-    def topology_dict(self) -> dict[str, object]:
-        """The desired half of GET /v1/topology: pod_circuits and cross-connects per OXC."""
-        by_oxc: dict[str, list[dict[str, object]]] = defaultdict(list)
-        for cc in self.cross_connects:
-            by_oxc[cc.oxc_id].append({"a": cc.port_a, "b": cc.port_b, "job_id": cc.job_id})
-        return {
-            "pod_circuits": self.pod_circuits.to_dict(),
-            "oxcs": [{"id": o, "cross_connects": v} for o, v in sorted(by_oxc.items())],
-        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -365,9 +355,9 @@ def plan_fabric(
     else:
         # time division shares the allocation's pool
         pool = {p.id: 0 for p in cluster.pods}
-        for _, a, b, n in allocation.pool:
-            pool[a] += n
-            pool[b] += n
+        for _, pod_a, pod_b, n in allocation.pool:
+            pool[pod_a] += n
+            pool[pod_b] += n
     tdm = [d.job.job_id for d in drafts if d.slice.mode == MODE_TIME_DIVISION]
     if tdm_active in tdm:
         i = tdm.index(tdm_active)
@@ -405,7 +395,13 @@ def plan_fabric(
         if installs and d.reused is not None and held_by.get(job_id):
             # an unchanged allocation keeps exactly the circuits it holds now (its
             # current phase topology included): others' arrivals do not revert it
-            held = [cc for cc in held_by[job_id] if _is_circuit(where, cc)]
+            held = [
+                cc
+                for cc in held_by[job_id]
+                if (a := where.get((cc.oxc_id, cc.port_a)))
+                and (b := where.get((cc.oxc_id, cc.port_b)))
+                and a != b
+            ]
             if held:
                 untouched.extend(held)
                 untouched_jobs.add(job_id)
@@ -449,9 +445,8 @@ def plan_fabric(
         real = realised_circuits(cluster, by_job.get(job_id, ()), job_id)
         out.append(_finish(cluster, d, real))
     cross_connects = tuple(sorted(untouched + list(mapping.cross_connects), key=lambda c: c.key))
-    total = realised_circuits(cluster, cross_connects)
     mlu = max((j.plan.mlu for j in out if j.slice.mode == MODE_ISOLATED), default=0.0)
-    return FabricPlan(tuple(out), cross_connects, total, mlu, ledger, tuple(tdm), mapping.unmapped)
+    return FabricPlan(tuple(out), cross_connects, mlu, ledger, tuple(tdm), mapping.unmapped)
 
 
 def _allocated_slice(job_id: str, ja: JobAllocation | None, demand: DemandMatrix) -> JobSlice:
@@ -461,12 +456,6 @@ def _allocated_slice(job_id: str, ja: JobAllocation | None, demand: DemandMatrix
     if ja.mode == ALLOC_ISOLATED:
         return JobSlice(job_id, MODE_ISOLATED, ja.pod_ports, ja.reason)
     return JobSlice(job_id, MODE_TIME_DIVISION, (), ja.reason)
-
-
-def _is_circuit(where: Mapping[tuple[str, int], str], cc: CrossConnect) -> bool:
-    """Does the cross-connect join uplinks of two different pods (a usable circuit)?"""
-    a, b = where.get((cc.oxc_id, cc.port_a)), where.get((cc.oxc_id, cc.port_b))
-    return a is not None and b is not None and a != b
 
 
 _EMPTY_PLAN = CircuitPlan(PodCircuits((), ()), 0.0, 0.0, (), "none")
@@ -635,12 +624,24 @@ def _combined(traffic: Sequence[PhaseTraffic]) -> DemandMatrix:
     return phases[PHASE_PP].plus(phases[PHASE_DP])
 
 
-def diff_plans(before: FabricPlan | None, after: FabricPlan, reason: str) -> tuple[Decision, ...]:
-    """Only what changed: oxc connect/disconnect per OXC, then changed routing per job/phase."""
-    current = before.cross_connects if before else ()
+def diff_plans(
+    before: FabricPlan | None,
+    after: FabricPlan,
+    reason: str,
+    changes: tuple[tuple[CrossConnect, ...], tuple[CrossConnect, ...]] | None = None,
+) -> tuple[Decision, ...]:
+    """Only what changed: oxc connect/disconnect per OXC, then changed routing per job/phase.
+
+    `changes` is `changed_cross_connects` of the two plans, when the caller has it.
+    """
+    if changes is None:
+        changes = changed_cross_connects(
+            before.cross_connects if before else (), after.cross_connects
+        )
+    gone, new = changes
     decisions: list[Decision] = []
-    owners = {cc.key: cc.job_id for cc in tuple(current) + after.cross_connects}
-    for change in diff_cross_connects(current, after.cross_connects):
+    owners = {cc.key: cc.job_id for cc in gone + new}
+    for change in diff_cross_connects(gone, new):
         jobs = {owners.get((change.oxc_id, a, b)) for a, b in change.connect + change.disconnect}
         job_id = jobs.pop() if len(jobs) == 1 else None
         decisions.append(Decision("oxc", job_id, reason, oxc=change))

@@ -20,18 +20,31 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
+from app.engine.gpu_profiles import gpu_profile
+
+from .families import FAMILY_GPU, generate, jitter
 from .policies import POLICIES
 from .report import (
+    aggregate,
     comparison,
+    evaluation_table,
     job_rows,
     print_table,
+    seeded_summary,
     summarize,
     write_comparison_plot,
+    write_error_bar_plot,
     write_json,
     write_plots,
 )
 from .simulator import SimResult, simulate
-from .workload import WorkloadError, from_kalos_trace, read_workload, write_workload
+from .workload import (
+    WorkloadError,
+    WorkloadJob,
+    from_kalos_trace,
+    read_workload,
+    write_workload,
+)
 
 EXIT_OK = 0
 EXIT_BAD_INPUT = 2
@@ -44,12 +57,17 @@ def run_simulate(
     out_dir: str | None,
     seed: int,
     reconfig_ms: float | None,
+    seeds: int = 1,
+    gpu: str | None = None,
 ) -> int:
     """Simulate each policy over the workload; print the table; write JSON and plots to out_dir.
 
     One policy writes `summary.json`; several (`--compare`) write `comparison.json`,
-    `summary_<policy>.json` each and `comparison.png`. Both write `jobs_<policy>.json`
-    and the plots (utilisation.png, slowdown_cdf.png, exposed_reconfig.png).
+    `summary_<policy>.json` each and `comparison.png`. Both write `jobs.json` (every
+    job under every policy and seed), `jobs_<policy>.json` and the plots. With
+    `seeds` > 1 each policy runs on `seeds` jittered copies of the workload (seed,
+    seed+1, ...: arrivals and iteration times, `families.jitter`) and every figure
+    is a mean with a 95% confidence interval (`evaluation.png` has the error bars).
     """
     err = Console(stderr=True)
     unknown = [p for p in policies if p not in POLICIES]
@@ -60,6 +78,15 @@ def run_simulate(
         return EXIT_BAD_INPUT
     if reconfig_ms is not None and reconfig_ms < 0:
         err.print("error: the reconfiguration latency must be >= 0 ms")
+        return EXIT_BAD_INPUT
+    if seeds < 1:
+        err.print("error: --seeds must be at least 1")
+        return EXIT_BAD_INPUT
+    try:
+        if gpu is not None:
+            gpu_profile(gpu)
+    except ValueError as exc:
+        err.print(f"error: {exc}")
         return EXIT_BAD_INPUT
     from app.wiring import ConfigError, load_cluster
 
@@ -73,7 +100,7 @@ def run_simulate(
     except WorkloadError as exc:
         err.print(f"error: {exc}")
         return EXIT_BAD_INPUT
-    results: list[SimResult] = []
+    runs: dict[str, list[SimResult]] = {p: [] for p in policies}
     with Progress(
         TextColumn("{task.description}"),
         BarColumn(),
@@ -83,21 +110,41 @@ def run_simulate(
         transient=False,
     ) as progress:
         for policy in policies:
-            task = progress.add_task(f"{policy:>14}", total=len(workload))
+            task = progress.add_task(f"{policy:>14}", total=len(workload) * seeds)
+            for k in range(seeds):
+                base = k * len(workload)
 
-            def advance(done: int, total: int, task: TaskID = task) -> None:
-                progress.update(task, completed=done, total=total)
+                def advance(done: int, total: int, task: TaskID = task, base: int = base) -> None:
+                    progress.update(task, completed=base + done)
 
-            results.append(
-                simulate(
-                    cluster, workload, policy, seed=seed, reconfig_ms=reconfig_ms, progress=advance
+                runs[policy].append(
+                    simulate(
+                        cluster,
+                        jitter(workload, seed + k) if seeds > 1 else workload,
+                        policy,
+                        seed=seed + k,
+                        reconfig_ms=reconfig_ms,
+                        progress=advance,
+                        gpu=gpu,
+                    )
                 )
-            )
-            progress.update(task, completed=len(workload))
-    summaries = [summarize(r) for r in results]
-    print_table(summaries)
+            progress.update(task, completed=len(workload) * seeds)
+    results = [runs[p][0] for p in policies]
+    per_seed = {p: [summarize(r) for r in runs[p]] for p in policies}
+    aggregates = [aggregate(per_seed[p]) for p in policies]
+    # one seed: the run's figures; several: the means, with `ci95` half-widths
+    summaries = [per_seed[p][0] if seeds == 1 else seeded_summary(per_seed[p]) for p in policies]
+    if seeds == 1:
+        print_table(summaries)
+    title = f"{cluster.name}, {seeds} seed(s), reconfiguration {cluster.reconfig_ms:g} ms"
+    Console(width=200).print(evaluation_table(aggregates, title))
     if out_dir is not None:
         out = Path(out_dir)
+        rows = []
+        for p in policies:
+            for k, r in enumerate(runs[p]):
+                rows += [dict(row, seed=seed + k) for row in job_rows(r)]
+        write_json(out / "jobs.json", rows)
         for r in results:
             write_json(out / f"jobs_{r.policy}.json", job_rows(r))
         if len(results) == 1:
@@ -105,18 +152,50 @@ def run_simulate(
         else:
             for s in summaries:
                 write_json(out / f"summary_{s['policy']}.json", s)
-            write_json(out / "comparison.json", comparison(summaries))
+            write_json(out / "comparison.json", dict(comparison(summaries), seeds=aggregates))
             write_comparison_plot(summaries, out / "comparison.png")
+        write_error_bar_plot(aggregates, out / "evaluation.png", title)
         paths = write_plots(results, out)
         err.print(f"wrote results and plots to {out} ({', '.join(p.name for p in paths)})")
     return EXIT_OK
 
 
-def run_from_trace(trace_path: str, out_path: str, jobs: int | None, seed: int) -> int:
-    """Build a workload file from the Kalos trace and the model tables in data/."""
+def run_generate(
+    family: str, cluster_name_or_file: str, load: float, jobs: int, seed: int, out_path: str
+) -> int:
+    """Write a synthetic workload of one family (`families.generate`)."""
     err = Console(stderr=True)
+    from app.wiring import ConfigError, load_cluster
+
+    try:
+        cluster = load_cluster(cluster_name_or_file)
+        entries = generate(family, cluster, load=load, jobs=jobs, seed=seed)
+        count = write_workload(out_path, entries)
+    except (ConfigError, WorkloadError, ValueError) as exc:
+        err.print(f"error: {exc}")
+        return EXIT_BAD_INPUT
+    except OSError as exc:
+        err.print(f"error: cannot write {out_path}: {exc.strerror or exc}")
+        return EXIT_BAD_INPUT
+    hint = f" (meant for --gpu {FAMILY_GPU[family]})" if family in FAMILY_GPU else ""
+    err.print(f"wrote {count} {family} jobs to {out_path}{hint}")
+    return EXIT_OK
+
+
+def run_from_trace(
+    trace_path: str, out_path: str, jobs: int | None, seed: int, load: float = 1.0
+) -> int:
+    """Build a workload file from the Kalos trace and the model tables in data/.
+
+    `load` > 1 compresses the arrivals (times / load): more jobs wait at once.
+    """
+    err = Console(stderr=True)
+    if not load > 0:
+        err.print("error: --load must be positive")
+        return EXIT_BAD_INPUT
     try:
         entries = from_kalos_trace(trace_path, jobs=jobs, seed=seed)
+        entries = [WorkloadJob(e.job, round(e.arrival_s / load, 3), e.iterations) for e in entries]
         count = write_workload(out_path, entries)
     except WorkloadError as exc:
         err.print(f"error: {exc}")

@@ -66,11 +66,42 @@ def _hash(seed: int, stage: int, src: str, dst: str, sport: int, correlated: boo
 
 
 def link_capacity_bps(cluster: Cluster, shape: ClosShape, link: tuple[str, ...]) -> float:
-    """Capacity of one link key: ToR<->spine links 1:1 with the ToR's NICs, core links NIC rate."""
+    """Capacity of one link key: ToR<->spine links 1:1 with the ToR's NICs, core links NIC rate.
+
+    Sprayed traffic is kept per link group: all of a ToR's spine links
+    (`tor-up-all`, `tor-down-all`) or all of a pod's core links (`pod-up`, `pod-down`).
+    """
     if link[0] in ("tor-up", "tor-down"):
         tor = cluster.tors_by_id[link[1]]
         return len(tor.servers) * cluster.server_gbps / shape.spines * 1e9 / 8
+    if link[0] in ("tor-up-all", "tor-down-all"):
+        tor = cluster.tors_by_id[link[1]]
+        return len(tor.servers) * cluster.server_gbps * 1e9 / 8
+    if link[0] in ("pod-up", "pod-down"):
+        return shape.uplinks[link[1]] * cluster.nic_gbps * 1e9 / 8
     return cluster.nic_gbps * 1e9 / 8
+
+
+def spray_flows(
+    cluster: Cluster, shape: ClosShape, flows: Iterable[Flow]
+) -> dict[tuple[str, ...], float]:
+    """Bytes per link group when every packet is sprayed over all paths (adaptive routing).
+
+    The best an electrical Clos of the same uplink capacity can do: a phase is
+    limited only by each ToR's and each pod's total uplink capacity.
+    """
+    load: dict[tuple[str, ...], float] = defaultdict(float)
+    for f in flows:
+        if not (cluster.has_server(f.src) and cluster.has_server(f.dst)):
+            continue
+        a, b = cluster.server(f.src), cluster.server(f.dst)
+        if a.pod_id == b.pod_id:
+            continue
+        load[("tor-up-all", a.tor_id)] += f.size_bytes
+        load[("pod-up", a.pod_id)] += f.size_bytes
+        load[("pod-down", b.pod_id)] += f.size_bytes
+        load[("tor-down-all", b.tor_id)] += f.size_bytes
+    return dict(load)
 
 
 def hash_flows(

@@ -33,30 +33,57 @@ No I/O; only engine calls plus this bookkeeping.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from app.engine.circuits import CircuitPlan, PodCircuits, evaluate_circuits
+from app.engine.circuits import PodCircuits, evaluate_circuits
 from app.engine.cluster import Cluster
 from app.engine.collective import ALPHA_RING_S, AggregatorLedger, estimate_costs
-from app.engine.fabric import MODE_ISOLATED, MODE_NONE, FabricPlan, JobFabric, plan_topology
+from app.engine.controller import ControllerState
+from app.engine.fabric import MODE_ISOLATED, MODE_NONE, MODE_TIME_DIVISION
 from app.engine.job import Collective, Job, Placement
-from app.engine.plan_signature import PlanCatalog, classify_plan, pod_demand_from_directed
+from app.engine.plan_signature import (
+    PlanCatalog,
+    PodDemand,
+    classify_plan,
+    pod_demand_from_directed,
+)
 from app.engine.predictor import LIGHTPATH, SEED
+from app.engine.rewiring_rules import HELD_TOPOLOGY
 from app.engine.traffic import ALGO_RING, PHASE_DP, PHASE_PP, DemandMatrix, job_traffic
 
-from .ecmp import ClosShape, hash_flows, link_capacity_bps, links_time_s
-from .prediction import RewiringOutcome, fits_every_gap, walk_rewiring
+from .ecmp import ClosShape, hash_flows, link_capacity_bps, links_time_s, spray_flows
+from .rewiring import (
+    NO_REWIRING,
+    PhaseSlot,
+    RewiringOutcome,
+    reactive_outcome,
+    static_outcome,
+    walk_controller,
+)
 from .timing import JobTiming, job_timing, pipeline_span_s, pp_window_s
 
 IDEAL = "ideal"
 ECMP = "ecmp"
+ECMP_POLARISED = "ecmp-polarised"
+SPRAY = "spray"
 STATIC = "static"
 REACTIVE = "reactive"
 LIGHTPATH_POLICY = "lightpath"
 LIGHTPATH_SEED = "lightpath-seed"
-POLICIES = (IDEAL, ECMP, STATIC, REACTIVE, LIGHTPATH_POLICY, LIGHTPATH_SEED)
+POLICIES = (
+    IDEAL,
+    SPRAY,
+    ECMP,
+    ECMP_POLARISED,
+    STATIC,
+    REACTIVE,
+    LIGHTPATH_POLICY,
+    LIGHTPATH_SEED,
+)
+ELECTRICAL = (ECMP, ECMP_POLARISED, SPRAY)
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +101,8 @@ class PolicySpec:
 SPECS: dict[str, PolicySpec] = {
     IDEAL: PolicySpec(IDEAL, False, True, False, None, False),
     ECMP: PolicySpec(ECMP, False, False, False, None, False),
+    ECMP_POLARISED: PolicySpec(ECMP_POLARISED, False, False, False, None, False),
+    SPRAY: PolicySpec(SPRAY, False, False, False, None, False),
     STATIC: PolicySpec(STATIC, True, False, False, None, False),
     REACTIVE: PolicySpec(REACTIVE, True, False, True, None, False),
     LIGHTPATH_POLICY: PolicySpec(LIGHTPATH_POLICY, True, True, True, LIGHTPATH, True),
@@ -137,7 +166,9 @@ class JobProfile:
         send = t.send_ideal_s
         if pp_net_s > 0 and t.stages > 1:
             send = max(send, ALPHA_RING_S + pp_net_s / t.microbatches)
-        return pipeline_span_s(t, send) + max(self.dp_base_s, dp_net_s) + t.optimizer_s
+        return (
+            pipeline_span_s(t, send) + t.dp_exposed_s(max(self.dp_base_s, dp_net_s)) + t.optimizer_s
+        )
 
     def comm_s(self, pp_net_s: float, dp_net_s: float) -> float:
         """Time the job's network phases hold the network per iteration."""
@@ -172,7 +203,7 @@ def ideal_iteration_s(cluster: Cluster, job: Job, placement: Placement, timing: 
     """The job's iteration on the ideal fabric at this placement."""
     return (
         pipeline_span_s(timing, timing.send_ideal_s)
-        + ideal_dp_s(cluster, job, placement)
+        + timing.dp_exposed_s(ideal_dp_s(cluster, job, placement))
         + timing.optimizer_s
     )
 
@@ -192,18 +223,28 @@ def _net_s(
 ) -> tuple[float, float]:
     if demand.total_bytes <= 0:
         return 0.0, 0.0
+    return _net_cached(
+        tuple(demand.entries()), circuits, tuple(sorted(budget.items())), float(gbps)
+    )
+
+
+@functools.lru_cache(maxsize=4096)
+def _net_cached(
+    entries: tuple[tuple[str, str, float], ...],
+    circuits: PodCircuits,
+    budget: tuple[tuple[str, int], ...],
+    gbps: float,
+) -> tuple[float, float]:
+    """(completion, MLU) of one phase on circuits; memoised (the LP is the costly part)."""
+    ports = dict(budget)
     # over every pod the circuits touch, so two-hop paths may relay through the
     # job's pods that carry none of this phase's own traffic
-    pods = {p for p, _, _ in demand.entries()} | {q for _, q, _ in demand.entries()}
-    pods |= {p for a, b, _ in circuits.pairs() for p in (a, b) if p in budget}
+    pods = {p for p, _, _ in entries} | {q for _, q, _ in entries}
+    pods |= {p for a, b, _ in circuits.pairs() for p in (a, b) if p in ports}
     plan = evaluate_circuits(
-        DemandMatrix.from_entries(sorted(pods), demand.entries()), circuits, budget, gbps
+        DemandMatrix.from_entries(sorted(pods), list(entries)), circuits, ports, gbps
     )
     return plan.completion_s, plan.mlu
-
-
-def _gaps(timing: JobTiming, phases: list[str]) -> list[float]:
-    return [timing.gap_before_pp_s if p == PHASE_PP else timing.gap_before_dp_s for p in phases]
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,15 +256,16 @@ class FabricContext:
     reconfig_ms: float
     seed: int
     clos: ClosShape | None = None
+    gpu: str | None = None
 
 
 def profile_ideal(
     ctx: FabricContext, job: Job, placement: Placement, iterations: int
 ) -> JobProfile:
-    timing = job_timing(job, ctx.cluster.server_gbps, ctx.cluster.gpus_per_server)
+    timing = job_timing(job, ctx.cluster.server_gbps, ctx.cluster.gpus_per_server, ctx.gpu)
     ideal = ideal_iteration_s(ctx.cluster, job, placement, timing)
     dp = ideal_dp_s(ctx.cluster, job, placement)
-    outcome = walk_rewiring([], [], 0.0, algorithm=None, iterations=iterations)
+    outcome = NO_REWIRING
     return JobProfile(timing, ideal, dp, 0.0, 0.0, outcome, "best", IDEAL, 0.0, True)
 
 
@@ -231,14 +273,23 @@ def profile_ecmp(ctx: FabricContext, job: Job, placement: Placement, iterations:
     """Ring (or the forced algorithm) over the hashed Clos; links shared with other jobs."""
     cluster, clos = ctx.cluster, ctx.clos
     assert clos is not None
-    timing = job_timing(job, cluster.server_gbps, cluster.gpus_per_server)
+    timing = job_timing(job, cluster.server_gbps, cluster.gpus_per_server, ctx.gpu)
     ideal = ideal_iteration_s(cluster, job, placement, timing)
     algorithm = ALGO_RING if job.collective in (Collective.AUTO, Collective.INC) else job.collective
     costs, _ = estimate_costs(cluster, job, placement, AggregatorLedger(), None)
     dp_base = costs[algorithm] if job.parallelism.dp > 1 else 0.0
     traffic = {t.phase: t for t in job_traffic(cluster, job, placement, algorithm)}
-    pp_load = hash_flows(cluster, clos, traffic[PHASE_PP].flows, ctx.seed)
-    dp_load = hash_flows(cluster, clos, traffic[PHASE_DP].flows, ctx.seed)
+    if ctx.spec.name == SPRAY:
+        pp_load = spray_flows(cluster, clos, traffic[PHASE_PP].flows)
+        dp_load = spray_flows(cluster, clos, traffic[PHASE_DP].flows)
+    else:
+        correlated = ctx.spec.name == ECMP_POLARISED
+        pp_load = hash_flows(
+            cluster, clos, traffic[PHASE_PP].flows, ctx.seed, correlated=correlated
+        )
+        dp_load = hash_flows(
+            cluster, clos, traffic[PHASE_DP].flows, ctx.seed, correlated=correlated
+        )
     shares = {
         link: Share(
             pp_load.get(link, 0.0),
@@ -256,9 +307,19 @@ def profile_ecmp(ctx: FabricContext, job: Job, placement: Placement, iterations:
             port_bound = _port_bound_s(cluster, traffic[phase].pod_demand)
             if bound > 0 and port_bound > 0:
                 mlu = max(mlu, links_time_s(cluster, clos, phase_load) / port_bound)
-    outcome = walk_rewiring([], [], 0.0, algorithm=None, iterations=iterations)
+    outcome = NO_REWIRING
     return JobProfile(
-        timing, ideal, dp_base, pp_alone, dp_alone, outcome, algorithm, ECMP, mlu, True, shares
+        timing,
+        ideal,
+        dp_base,
+        pp_alone,
+        dp_alone,
+        outcome,
+        algorithm,
+        ctx.spec.name,
+        mlu,
+        True,
+        shares,
     )
 
 
@@ -268,42 +329,75 @@ def _port_bound_s(cluster: Cluster, demand: DemandMatrix) -> float:
     return port_bound_s(demand, {p.id: p.uplink_ports for p in cluster.pods}, cluster.nic_gbps)
 
 
-def fabric_key(
-    cluster: Cluster, fabric: FabricPlan, job: Job, placement: Placement
-) -> tuple[object, ...]:
+def fabric_key(state: ControllerState, job_id: str) -> tuple[object, ...]:
     """What a job's optical profile depends on; an unchanged key keeps the profile."""
-    jf = fabric.job(job.job_id)
+    jf = state.job_fabric(job_id)
     if jf is None:
         return ()
-    pods = sorted({cluster.server(s).pod_id for s in placement.servers})
-    if jf.slice.mode == MODE_ISOLATED:
-        return (jf.slice.mode, jf.slice.pod_ports, jf.circuits, jf.collective.algorithm)
-    pool = _pool(cluster, fabric)
-    return (jf.slice.mode, tuple(pool[p] for p in pods), jf.collective.algorithm)
+    if jf.slice.mode == MODE_TIME_DIVISION:
+        return (jf.slice.mode, jf.plan.circuits, len(state.turn_order), jf.collective.algorithm)
+    return (jf.slice.mode, jf.slice.pod_ports, jf.circuits, jf.collective.algorithm)
 
 
-def _pool(cluster: Cluster, fabric: FabricPlan) -> dict[str, int]:
-    """Uplink ports no isolated slice holds: what time-division jobs share."""
-    free = {p.id: p.uplink_ports for p in cluster.pods}
-    for jf in fabric.jobs:
-        if jf.slice.mode == MODE_ISOLATED:
-            for p, n in jf.slice.pod_ports:
-                free[p] -= n
-    return free
+def turn_factor(state: ControllerState) -> float:
+    """How much longer a job taking turns on shared ports needs the network than alone.
+
+    The controller gives the shared ports to one job at a time for `turn_s` and
+    each turn starts with a reconfiguration: a job gets (turn - reconfig) of every
+    n turns (n jobs taking turns).
+    """
+    n = max(1, len(state.turn_order))
+    turn_s = state.config.turn_s
+    usable = 1.0 - state.config.reconfig_ms / 1000.0 / turn_s if turn_s > 0 else 0.0
+    return n / usable if usable > 0 else math.inf
+
+
+def phase_slots(
+    timing: JobTiming, job: Job, traffic: Mapping[str, DemandMatrix], pp_s: float, dp_s: float
+) -> list[PhaseSlot]:
+    """The job's network phases in one iteration: plan id, demand, start offset, duration."""
+    catalog = PlanCatalog()
+    slots = []
+    send = timing.send_ideal_s
+    if pp_s > 0 and timing.stages > 1:
+        send = max(send, ALPHA_RING_S + pp_s / timing.microbatches)
+    span = pipeline_span_s(timing, send)
+    if job.parallelism.pp > 1:
+        demand = _pod_demand(traffic[PHASE_PP])
+        catalog, pid = classify_plan(catalog, demand)
+        slots.append(PhaseSlot(pid, demand, timing.forward_s, pp_window_s(timing, send)))
+    if job.parallelism.dp > 1:
+        demand = _pod_demand(traffic[PHASE_DP])
+        catalog, pid = classify_plan(catalog, demand)
+        # gradient buckets go out from the start of stage 0's last backward pass
+        slots.append(PhaseSlot(pid, demand, span - timing.backward_s, dp_s))
+    return slots
+
+
+def _pod_demand(demand: DemandMatrix) -> PodDemand:
+    return pod_demand_from_directed({(p, q): b for p, q, b in demand.entries()})
 
 
 def profile_optical(
     ctx: FabricContext,
     job: Job,
     placement: Placement,
-    fabric: FabricPlan,
+    state: ControllerState,
     iterations: int,
+    start_s: float,
 ) -> JobProfile:
-    """Static, reactive or lightpath on the engine's fabric plan for this job."""
+    """Static, reactive or lightpath on the fabric controller's allocation for this job.
+
+    Isolated slices: the held pp+dp circuits the controller realised, and per-phase
+    circuits where the policy's rule (the controller for lightpath, the reactive
+    rule) rewires. Time division: the job's circuits on the shared ports, for a
+    share of the turns (`turn_factor`). A job whose circuits cannot carry a phase
+    (no OXC with free ports on both pods) gets infinite network time: stalled.
+    """
     cluster, spec = ctx.cluster, ctx.spec
-    jf = fabric.job(job.job_id)
+    jf = state.job_fabric(job.job_id)
     assert jf is not None, "the job must be in the fabric plan"
-    timing = job_timing(job, cluster.server_gbps, cluster.gpus_per_server)
+    timing = job_timing(job, cluster.server_gbps, cluster.gpus_per_server, ctx.gpu)
     ideal = ideal_iteration_s(cluster, job, placement, timing)
     choice = jf.collective
     algorithm = choice.algorithm
@@ -314,50 +408,80 @@ def profile_optical(
         for t in job_traffic(cluster, job, placement, algorithm, dict(choice.root_tors))
     }
     pp_d, dp_d = traffic[PHASE_PP], traffic[PHASE_DP]
-    phases = [
-        p for p, d in ((PHASE_PP, job.parallelism.pp), (PHASE_DP, job.parallelism.dp)) if d > 1
-    ]
-    catalog = PlanCatalog()
-    plan_ids = []
-    for phase in phases:
-        catalog, pid = _plan_id(catalog, traffic[phase])
-        plan_ids.append(pid)
-    gaps = _gaps(timing, phases)
-    shares: dict[tuple[str, ...], Share] = {}
     if jf.slice.mode == MODE_NONE:
-        outcome = walk_rewiring(
-            plan_ids,
-            gaps,
-            ctx.reconfig_ms,
-            algorithm=spec.predictor,
-            per_phase=False,
-            iterations=iterations,
-        )
         return JobProfile(
-            timing, ideal, dp_base, 0.0, 0.0, outcome, algorithm, MODE_NONE, 0.0, True
+            timing, ideal, dp_base, 0.0, 0.0, NO_REWIRING, algorithm, MODE_NONE, 0.0, True
         )
-    combined_c, phase_c, budget, borrowed = _topologies(cluster, jf, fabric, pp_d, dp_d)
     gbps = cluster.nic_gbps
-    pp_hold, mlu_pp_h = _net_s(pp_d, combined_c, budget, gbps)
-    dp_hold, mlu_dp_h = _net_s(dp_d, combined_c, budget, gbps)
-    pp_per, mlu_pp_p = _net_s(pp_d, phase_c[PHASE_PP], budget, gbps)
-    dp_per, mlu_dp_p = _net_s(dp_d, phase_c[PHASE_DP], budget, gbps)
-    hold = _candidate(ctx, timing, dp_base, pp_hold, dp_hold, plan_ids, gaps, False, iterations)
-    per = _candidate(ctx, timing, dp_base, pp_per, dp_per, plan_ids, gaps, True, iterations)
-    if spec.chooses_hold:
-        # per-phase circuits only when every phase's rewiring fits its compute gap
-        fits = fits_every_gap(plan_ids, gaps, ctx.reconfig_ms)
-        use_hold = not fits or hold[0] <= per[0]
+    reconfig_s = ctx.reconfig_ms / 1000.0
+    if jf.slice.mode != MODE_ISOLATED:
+        circuits = jf.plan.circuits
+        budget = {p: circuits.row_sum(p) for p in circuits.pod_ids}
+        factor = turn_factor(state)
+        pp_net, mlu_pp = _net_s(pp_d, circuits, budget, gbps)
+        dp_net, mlu_dp = _net_s(dp_d, circuits, budget, gbps)
+        pp_net, dp_net = pp_net * factor, dp_net * factor
+        slots = phase_slots(timing, job, traffic, pp_net, max(dp_base, dp_net))
+        return JobProfile(
+            timing,
+            ideal,
+            dp_base,
+            pp_net,
+            dp_net,
+            static_outcome(slots, reconfig_s),
+            algorithm,
+            jf.slice.mode,
+            max(mlu_pp, mlu_dp),
+            True,
+        )
+    budget = dict(jf.slice.pod_ports)
+    held = jf.circuits
+    own = {name: plan.circuits for name, plan in jf.phase_plans}
+    pp_hold, mlu_pp = _net_s(pp_d, held, budget, gbps)
+    dp_hold, mlu_dp = _net_s(dp_d, held, budget, gbps)
+    pp_own, _ = _net_s(pp_d, own.get(PHASE_PP, held), budget, gbps)
+    dp_own, _ = _net_s(dp_d, own.get(PHASE_DP, held), budget, gbps)
+    slots = phase_slots(timing, job, traffic, pp_hold, max(dp_base, dp_hold))
+    by_phase = {}
+    names = [
+        n for n, d in ((PHASE_PP, job.parallelism.pp), (PHASE_DP, job.parallelism.dp)) if d > 1
+    ]
+    for name, slot in zip(names, slots, strict=True):
+        by_phase[name] = slot
+    if spec.name == STATIC:
+        outcome = static_outcome(slots, reconfig_s)
+    elif spec.name == REACTIVE:
+        times: dict[str, dict[str, float]] = {}
+        for name, slot in by_phase.items():
+            hold_s, own_s = (pp_hold, pp_own) if name == PHASE_PP else (dp_hold, dp_own)
+            times[slot.plan_id] = {HELD_TOPOLOGY: hold_s, slot.plan_id: own_s}
+        outcome = reactive_outcome(slots, times, reconfig_s)
     else:
-        use_hold = not spec.per_phase
-    _, pp_net, dp_net, outcome = hold if use_hold else per
-    mlu = max(mlu_pp_h, mlu_dp_h) if use_hold else max(mlu_pp_p, mlu_dp_p)
-    for pod in _pods_of(pp_d, dp_d):
-        if jf.slice.mode == MODE_ISOLATED:
-            # loads its pods for time-division jobs that borrow turns there, unaffected
-            shares[("oxc-pod", pod)] = Share(pp_net, dp_net, 1.0, affected=False)
-        else:
-            shares[("oxc-pod" if borrowed else "oxc-pool", pod)] = Share(pp_net, dp_net, 1.0)
+        iteration = _iteration(timing, dp_base, pp_hold, dp_hold)
+        outcome = walk_controller(
+            state, job.job_id, slots, iteration, start_s, iterations=iterations
+        )
+    ran = dict(zip((s.plan_id for s in slots), outcome.topologies, strict=False))
+    own_by_plan = {slot.plan_id: own.get(name, held) for name, slot in by_phase.items()}
+
+    def ran_on(name: str, demand: DemandMatrix, hold_s: float, own_s: float) -> float:
+        """The phase's time on the topology it ran on in steady state."""
+        topo = ran.get(by_phase[name].plan_id, HELD_TOPOLOGY)
+        if topo == HELD_TOPOLOGY:
+            return hold_s
+        if topo == by_phase[name].plan_id:
+            return own_s
+        other = own_by_plan.get(topo)  # another phase's circuits were left installed
+        t = _net_s(demand, other, budget, gbps)[0] if other is not None else math.inf
+        # circuits that cannot carry it: the phase waits for a rewiring to its topology
+        return t if math.isfinite(t) else reconfig_s + hold_s
+
+    pp_net, dp_net = pp_hold, dp_hold
+    if PHASE_PP in by_phase:
+        pp_net = ran_on(PHASE_PP, pp_d, pp_hold, pp_own)
+    if PHASE_DP in by_phase:
+        dp_net = ran_on(PHASE_DP, dp_d, dp_hold, dp_own)
+    holds = all(t == HELD_TOPOLOGY for t in outcome.topologies)
     return JobProfile(
         timing,
         ideal,
@@ -367,79 +491,17 @@ def profile_optical(
         outcome,
         algorithm,
         jf.slice.mode,
-        mlu,
-        use_hold,
-        shares,
+        max(mlu_pp, mlu_dp),
+        holds,
     )
 
 
-def _candidate(
-    ctx: FabricContext,
-    timing: JobTiming,
-    dp_base: float,
-    pp_net: float,
-    dp_net: float,
-    plan_ids: list[str],
-    gaps: list[float],
-    per_phase: bool,
-    iterations: int,
-) -> tuple[float, float, float, RewiringOutcome]:
-    """(steady iteration time, pp net, dp net, rewiring) of holding or per-phase circuits."""
-    outcome = walk_rewiring(
-        plan_ids,
-        gaps,
-        ctx.reconfig_ms,
-        algorithm=ctx.spec.predictor,
-        per_phase=per_phase,
-        iterations=iterations,
+def _iteration(timing: JobTiming, dp_base: float, pp_net: float, dp_net: float) -> float:
+    send = timing.send_ideal_s
+    if pp_net > 0 and timing.stages > 1:
+        send = max(send, ALPHA_RING_S + pp_net / timing.microbatches)
+    return (
+        pipeline_span_s(timing, send)
+        + timing.dp_exposed_s(max(dp_base, dp_net))
+        + timing.optimizer_s
     )
-    t = timing
-    send = t.send_ideal_s
-    if pp_net > 0 and t.stages > 1:
-        send = max(send, ALPHA_RING_S + pp_net / t.microbatches)
-    steady = (
-        pipeline_span_s(t, send) + max(dp_base, dp_net) + t.optimizer_s + outcome.steady.exposed_s
-    )
-    return steady, pp_net, dp_net, outcome
-
-
-def _pods_of(*demands: DemandMatrix) -> list[str]:
-    pods: set[str] = set()
-    for d in demands:
-        for p, q, _ in d.entries():
-            pods.update((p, q))
-    return sorted(pods)
-
-
-def _topologies(
-    cluster: Cluster, jf: JobFabric, fabric: FabricPlan, pp_d: DemandMatrix, dp_d: DemandMatrix
-) -> tuple[PodCircuits, dict[str, PodCircuits], dict[str, int], bool]:
-    """(held pp+dp circuits, per-phase circuits, port budget, borrowed full pods?)."""
-    if jf.slice.mode == MODE_ISOLATED:
-        budget = dict(jf.slice.pod_ports)
-        held = jf.circuits if jf.circuits.total else jf.plan.circuits
-        phase: dict[str, PodCircuits] = {name: plan.circuits for name, plan in jf.phase_plans}
-        for name in (PHASE_PP, PHASE_DP):
-            phase.setdefault(name, held)
-        return held, phase, budget, False
-    # time division: plan on the ports no slice holds; when those cannot carry the
-    # job (a pod with no free port), it takes turns on its pods' whole uplinks
-    pods = _pods_of(pp_d, dp_d)
-    pool = _pool(cluster, fabric)
-    budget = {p: pool[p] for p in pods}
-    borrowed = False
-    combined = pp_d.plus(dp_d)
-    held_plan = plan_topology(cluster, _restrict(combined), budget)
-    if not math.isfinite(held_plan.completion_s):
-        budget = {p: cluster.pods_by_id[p].uplink_ports for p in pods}
-        borrowed = True
-        held_plan = plan_topology(cluster, _restrict(combined), budget)
-    phase = {}
-    for name, demand in ((PHASE_PP, pp_d), (PHASE_DP, dp_d)):
-        plan: CircuitPlan = (
-            plan_topology(cluster, _restrict(demand), budget)
-            if demand.total_bytes > 0
-            else held_plan
-        )
-        phase[name] = plan.circuits
-    return held_plan.circuits, phase, budget, borrowed

@@ -8,6 +8,8 @@ Imports no web, database or bus code.
 from __future__ import annotations
 
 import json
+import math
+import statistics
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -15,7 +17,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from .simulator import SimResult
+from .simulator import JobResult, SimResult
 
 SUMMARY_FIELDS = (
     "policy",
@@ -31,6 +33,45 @@ SUMMARY_FIELDS = (
     "max_mlu",
     "wall_s",
 )
+
+
+def steady_window(result: SimResult) -> tuple[float, float]:
+    """The longest interval during which the queue was never empty (warm-up, drain cut)."""
+    best = (0.0, 0.0)
+    start: float | None = None
+    for t, n in result.queue_timeline:
+        if n > 0 and start is None:
+            start = t
+        elif n == 0 and start is not None:
+            if t - start > best[1] - best[0]:
+                best = (start, t)
+            start = None
+    if start is not None:
+        end = result.makespan_s
+        if end - start > best[1] - best[0]:
+            best = (start, end)
+    return best
+
+
+def steady_utilization(result: SimResult) -> float | None:
+    """Compute GPU-seconds over cluster GPU-seconds in `steady_window` (None: never queued)."""
+    a, b = steady_window(result)
+    if b <= a:
+        return None
+    busy = 0.0
+    for start, end, gpus in result.busy_segments:
+        lo, hi = max(a, start), min(b, end)
+        if hi > lo:
+            busy += gpus * (hi - lo)
+    return busy / (result.cluster_gpus * (b - a))
+
+
+def _percentile(values: Sequence[float], q: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    k = min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))
+    return ordered[k]
 
 
 def summarize(result: SimResult) -> dict[str, Any]:
@@ -58,6 +99,7 @@ def summarize(result: SimResult) -> dict[str, Any]:
         "exposed_reconfig_s": sum(j.exposed_s for j in done),
         "prediction_hits": sum(j.hits for j in done),
         "prediction_misses": sum(j.misses for j in done),
+        "prediction_held": sum(j.held for j in done),
         "max_mlu": max((j.mlu for j in done), default=0.0),
         "wall_s": result.wall_s,
         # additions
@@ -69,15 +111,46 @@ def summarize(result: SimResult) -> dict[str, Any]:
             exposed_after / comm_after if comm_after > 0 else 0.0
         ),
         "max_iteration_slowdown": max(slowdowns, default=0.0),
+        "steady_utilization": steady_utilization(result),
+        "steady_window_s": steady_window(result)[1] - steady_window(result)[0],
+        "p99_iteration_slowdown": _percentile(slowdowns, 0.99),
+        "mean_queueing_delay_s": (
+            sum(j.start_s - j.arrival_s for j in done if j.start_s is not None) / len(done)
+            if done
+            else 0.0
+        ),
+        "mean_network_share": (
+            sum(shares) / len(shares) if (shares := [_share(j) for j in done]) else 0.0
+        ),
+        "jobs_stalled": sum(1 for j in result.jobs if j.stalled),
     }
     return out
+
+
+def _share(j: JobResult) -> float:
+    """The share of the job's mean iteration time not spent computing (network, rewiring)."""
+    if j.start_s is None or j.end_s is None or j.iterations <= 0:
+        return 0.0
+    mean = (j.end_s - j.start_s) / j.iterations
+    return max(0.0, 1.0 - j.compute_iteration_s / mean) if mean > 0 else 0.0
 
 
 def job_rows(result: SimResult) -> list[dict[str, Any]]:
     """Per-job results (for jobs.json and the plots)."""
     return [
         {
+            "policy": result.policy,
             "job_id": j.job_id,
+            "iteration_s": (
+                (j.end_s - j.start_s) / j.iterations
+                if j.end_s is not None and j.start_s is not None
+                else None
+            ),
+            "network_share": _share(j),
+            "queueing_delay_s": j.start_s - j.arrival_s if j.start_s is not None else None,
+            "jct_s": j.end_s - j.arrival_s if j.end_s is not None else None,
+            "stalled": j.stalled,
+            "prediction_held": j.held,
             "servers": j.servers,
             "arrival_s": j.arrival_s,
             "start_s": j.start_s,
@@ -250,3 +323,156 @@ def comparison(summaries: Sequence[dict[str, Any]]) -> dict[str, Any]:
                 ),
             }
     return {"policies": list(summaries), "relative_to_ideal": relative}
+
+
+# two-sided 95% Student t quantiles by degrees of freedom (1..30); 1.96 beyond
+_T95 = (
+    12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
+    2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
+    2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
+)  # fmt: skip
+
+
+def mean_ci95(values: Sequence[float]) -> tuple[float, float]:
+    """(mean, half-width of the 95% confidence interval of the mean; 0 for one value)."""
+    if not values:
+        return 0.0, 0.0
+    if not all(math.isfinite(v) for v in values):
+        return math.inf, math.inf
+    mean = statistics.fmean(values)
+    if len(values) < 2:
+        return mean, 0.0
+    t = _T95[len(values) - 2] if len(values) - 1 <= len(_T95) else 1.96
+    return mean, t * statistics.stdev(values) / math.sqrt(len(values))
+
+
+def aggregate(per_seed: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One policy's summaries over seeds: every number as {mean, ci95, values}."""
+    out: dict[str, Any] = {"policy": per_seed[0]["policy"], "seeds": len(per_seed)}
+    for key, value in per_seed[0].items():
+        if key == "policy" or not isinstance(value, (int, float)) or isinstance(value, bool):
+            continue
+        values = [float(s[key]) for s in per_seed if isinstance(s.get(key), (int, float))]
+        mean, half = mean_ci95(values)
+        out[key] = {"mean": mean, "ci95": half, "values": values}
+    steady = [s["steady_utilization"] for s in per_seed if s.get("steady_utilization") is not None]
+    mean, half = mean_ci95(steady)
+    out["steady_utilization"] = {"mean": mean, "ci95": half, "values": steady}
+    return out
+
+
+def human_s(seconds: float | None) -> str:
+    """Seconds in a unit a person reads at a glance (ms, s, min, h, d)."""
+    if seconds is None or not math.isfinite(seconds):
+        return "-"
+    a = abs(seconds)
+    if a < 1:
+        return f"{seconds * 1000:.3g} ms"
+    if a < 120:
+        return f"{seconds:.3g} s"
+    if a < 7200:
+        return f"{seconds / 60:.3g} min"
+    if a < 172800:
+        return f"{seconds / 3600:.3g} h"
+    return f"{seconds / 86400:.3g} d"
+
+
+def _pm(agg: dict[str, Any], key: str, scale: float = 1.0, digits: int = 2) -> str:
+    v = agg.get(key)
+    if not isinstance(v, dict):
+        return "-"
+    if len(v["values"]) < 2:
+        return f"{v['mean'] * scale:.{digits}f}"
+    return f"{v['mean'] * scale:.{digits}f} ± {v['ci95'] * scale:.{digits}f}"
+
+
+def coinciding(aggregates: Sequence[dict[str, Any]]) -> dict[str, str]:
+    """Policies whose per-seed results equal an earlier policy's (to 1e-9)."""
+    out: dict[str, str] = {}
+    keys = ("steady_utilization", "mean_iteration_slowdown", "mean_jct_s")
+    for i, a in enumerate(aggregates):
+        va = [x for k in keys for x in a[k]["values"]]
+        for b in aggregates[:i]:
+            vb = [x for k in keys for x in b[k]["values"]]
+            if len(va) != len(vb) or not va:
+                continue
+            if all(abs(x - y) <= 1e-9 for x, y in zip(va, vb, strict=True)):
+                out[a["policy"]] = b["policy"]
+                break
+    return out
+
+
+def evaluation_table(aggregates: Sequence[dict[str, Any]], title: str) -> Table:
+    """Mean ± 95% CI over seeds per policy; coinciding policies and refused jobs shown."""
+    same = coinciding(aggregates)
+    table = Table(title=title)
+    for name in (
+        "policy",
+        "steady util %",
+        "slowdown",
+        "p99 slowdown",
+        "network %",
+        "mean JCT",
+        "queueing",
+        "done/refused/stalled",
+        "exposed reconfig",
+    ):
+        table.add_column(name, justify="left" if name == "policy" else "right", no_wrap=True)
+    for a in aggregates:
+        label = a["policy"] + (f" (= {same[a['policy']]})" if a["policy"] in same else "")
+        counts = "/".join(
+            str(round(a[k]["mean"]))
+            for k in ("jobs_completed", "jobs_refused", "jobs_stalled")
+            if isinstance(a.get(k), dict)
+        )
+        table.add_row(
+            label,
+            _pm(a, "steady_utilization", 100.0),
+            _pm(a, "mean_iteration_slowdown", 1.0, 4),
+            _pm(a, "p99_iteration_slowdown", 1.0, 3),
+            _pm(a, "mean_network_share", 100.0, 1),
+            human_s(a["mean_jct_s"]["mean"]),
+            human_s(a["mean_queueing_delay_s"]["mean"]),
+            counts,
+            human_s(a["exposed_reconfig_s"]["mean"]),
+        )
+    return table
+
+
+def write_error_bar_plot(aggregates: Sequence[dict[str, Any]], path: Path, title: str) -> Path:
+    """Steady utilisation and mean slowdown per policy, mean with 95% CI error bars."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    same = coinciding(aggregates)
+    names = [a["policy"] + ("*" if a["policy"] in same else "") for a in aggregates]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    util = [x["steady_utilization"] for x in aggregates]
+    a.bar(names, [u["mean"] * 100 for u in util], yerr=[u["ci95"] * 100 for u in util], capsize=4)
+    lo = min((u["mean"] - u["ci95"]) * 100 for u in util) if util else 0.0
+    a.set_ylim(max(0.0, lo - 2.0), 100.0)
+    a.set_ylabel("steady utilisation % (95% CI)")
+    a.tick_params(axis="x", rotation=30)
+    slow = [x["mean_iteration_slowdown"] for x in aggregates]
+    b.bar(names, [s["mean"] for s in slow], yerr=[s["ci95"] for s in slow], capsize=4)
+    b.set_ylim(0.95, max(1.05, max((s["mean"] + s["ci95"]) for s in slow) + 0.02))
+    b.set_ylabel("mean iteration slowdown (95% CI)")
+    b.tick_params(axis="x", rotation=30)
+    fig.suptitle(title + ("  (* coincides with an earlier policy)" if same else ""))
+    return _save(fig, path, plt)
+
+
+def seeded_summary(per_seed: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """summary.json over seeds: each number the mean, and `ci95` its CI half-widths."""
+    agg = aggregate(per_seed)
+    out: dict[str, Any] = dict(per_seed[0])
+    ci: dict[str, float] = {}
+    for key, value in agg.items():
+        if isinstance(value, dict):
+            out[key] = value["mean"] if value["values"] else None
+            ci[key] = value["ci95"]
+    out["seeds"] = len(per_seed)
+    out["ci95"] = ci
+    return out

@@ -37,15 +37,22 @@ from dataclasses import dataclass, field, replace
 
 from app.engine.cluster import Cluster
 from app.engine.collective import AggregatorLedger
-from app.engine.cross_connects import CrossConnect
-from app.engine.fabric import FabricPlan, PlacedJob, plan_fabric
+from app.engine.controller import (
+    ControllerConfig,
+    ControllerState,
+    JobCompleted,
+    JobPlaced,
+    new_controller,
+)
+from app.engine.controller import step as control
 from app.engine.job import Job, Placement
 from app.engine.placement import never_fits, place_job
+from app.engine.predictor import DEFAULT_ALGORITHM
 from app.engine.queue import QueuePolicy, admit_queued
 
 from .ecmp import DEFAULT_SPINES, clos_shape
 from .policies import (
-    ECMP,
+    ELECTRICAL,
     IDEAL,
     FabricContext,
     JobProfile,
@@ -56,6 +63,7 @@ from .policies import (
     profile_optical,
     spec_of,
 )
+from .timing import pipeline_span_s
 from .workload import WorkloadJob
 
 _ARRIVAL, _ITERATION, _COMPLETION = 1, 0, 0  # completions/iterations before arrivals
@@ -80,12 +88,15 @@ class JobResult:
     comm_s: float = 0.0
     reconfigurations: int = 0
     hits: int = 0
+    held: int = 0
     misses: int = 0
     mlu: float = 0.0
     algorithm: str = ""
     mode: str = ""
     holds_topology: bool = True
     refused: str | None = None
+    stalled: str | None = None  # why the job could not progress (reported, not completed)
+    compute_iteration_s: float = 0.0  # the iteration with an infinitely fast network
 
     @property
     def slowdown(self) -> float | None:
@@ -106,6 +117,7 @@ class SimResult:
     compute_gpu_s: float
     wall_s: float = 0.0
     reconfig_ms: float = 0.0
+    queue_timeline: list[tuple[float, int]] = field(default_factory=list)  # (time, queued)
 
     @property
     def makespan_s(self) -> float:
@@ -157,8 +169,10 @@ class Simulation:
         queue_policy: QueuePolicy = QueuePolicy.FIFO,
         ecmp_spines: int = DEFAULT_SPINES,
         progress: ProgressFn | None = None,
+        gpu: str | None = None,
     ) -> None:
         self.cluster = cluster
+        self.gpu = gpu or cluster.gpu_model
         self.workload = list(workload)
         self.spec = spec_of(policy)
         self.reconfig_ms = cluster.reconfig_ms if reconfig_ms is None else reconfig_ms
@@ -170,7 +184,8 @@ class Simulation:
             self.spec,
             self.reconfig_ms,
             seed,
-            clos_shape(cluster, ecmp_spines) if self.spec.name == ECMP else None,
+            clos_shape(cluster, ecmp_spines) if self.spec.name in ELECTRICAL else None,
+            self.gpu,
         )
         self.free: set[str] = set(cluster.server_ids)
         self.queue: list[Job] = []
@@ -178,8 +193,10 @@ class Simulation:
         self.running: dict[str, _Run] = {}
         self.order: list[str] = []  # running jobs in placement order (fabric priority)
         self.ledger = AggregatorLedger()
-        self.cross_connects: tuple[CrossConnect, ...] = ()
-        self.fabric: FabricPlan | None = None
+        self.control: ControllerState = new_controller(
+            cluster,
+            ControllerConfig(self.reconfig_ms, predictor=self.spec.predictor or DEFAULT_ALGORITHM),
+        )
         self.results: dict[str, JobResult] = {}
         self.busy: list[tuple[float, float, float]] = []
         self.compute_gpu_s = 0.0
@@ -188,6 +205,8 @@ class Simulation:
         self.key_rate: dict[tuple[str, ...], float] = defaultdict(float)
         self.key_users: dict[tuple[str, ...], set[str]] = defaultdict(set)
         self.done = 0
+        self.now = 0.0
+        self.queue_timeline: list[tuple[float, int]] = []
 
     # ------------------------------------------------------------------ events
 
@@ -208,17 +227,22 @@ class Simulation:
         total = len(self.workload)
         while self.events:
             at, kind, _, job_id, version = heapq.heappop(self.events)
+            self.now = at
             if kind == _ARRIVAL:
                 self._arrive(at, job_id)
+                if not self.events and self.running:
+                    self._stall_all()
                 continue
             run = self.running.get(job_id)
             if run is None or run.version != version:
+                if not self.events and self.running:
+                    self._stall_all()
                 continue  # superseded by a re-rating
             self._iteration_event(at, run)
             if self.progress is not None and job_id not in self.running:
                 self.progress(self.done, total)
-        for run in list(self.running.values()):  # cannot happen unless events were lost
-            raise RuntimeError(f"job {run.job.job_id} never completed")
+            if not self.events and self.running:
+                self._stall_all()
         return SimResult(
             self.spec.name,
             self.cluster.gpu_count,
@@ -227,6 +251,7 @@ class Simulation:
             self.compute_gpu_s,
             time.perf_counter() - started,
             self.reconfig_ms,
+            self.queue_timeline,
         )
 
     def _arrive(self, at: float, job_id: str) -> None:
@@ -240,6 +265,11 @@ class Simulation:
             return
         self.queue.append(job)
         self._admit(at, changed=[])
+        self._note_queue(at)
+
+    def _note_queue(self, at: float) -> None:
+        if not self.queue_timeline or self.queue_timeline[-1][1] != len(self.queue):
+            self.queue_timeline.append((at, len(self.queue)))
 
     def _place_fn(self) -> Callable[..., object]:
         if self.spec.inc_aware and self.spec.optical:
@@ -265,54 +295,44 @@ class Simulation:
         ids = {p.job_id for p in placed}
         jobs = {j.job_id: j for j in self.queue if j.job_id in ids}
         self.queue = [j for j in self.queue if j.job_id not in ids]
+        self._note_queue(at)
         for p in placed:
             self.free.difference_update(p.servers)
             self.order.append(p.job_id)
-        previous = self.fabric
-        self._replan(placed, jobs)
+        self._replan(at, placed, jobs)
         touched = set(changed)
         for p in placed:
             self._start(at, jobs[p.job_id], p)
             touched.add(p.job_id)
-        if self.fabric is not None and previous is not None:
-            old = {j.job_id: j for j in previous.jobs}
-            for jf in self.fabric.jobs:
-                run = self.running.get(jf.job_id)
-                if run is not None and jf.job_id not in ids and old.get(jf.job_id) is not jf:
-                    if self._reprofile(run, self.fabric):
-                        touched.add(jf.job_id)
+        if self.spec.optical:
+            for job_id in self.order:
+                run = self.running.get(job_id)
+                if run is not None and job_id not in ids and self._reprofile(run, at):
+                    touched.add(job_id)
         self._rerate(at, touched)
 
-    def _replan(self, placed: list[Placement], jobs: dict[str, Job]) -> None:
-        """Optical policies: the engine's multi-job plan for every placed job."""
+    def _replan(self, at: float, placed: list[Placement], jobs: dict[str, Job]) -> None:
+        """Optical policies: the fabric controller allocates ports to the placed jobs."""
         if not self.spec.optical:
             return
-        placed_jobs = []
-        by_id = {p.job_id: p for p in placed}
-        for job_id in self.order:
-            run = self.running.get(job_id)
-            if run is not None:
-                placed_jobs.append(PlacedJob(run.job, run.placement))
-            elif job_id in by_id:
-                placed_jobs.append(PlacedJob(jobs[job_id], by_id[job_id]))
-        self.fabric = plan_fabric(
-            self.cluster, placed_jobs, self.cross_connects, self.ledger, self.fabric
-        )
-        self.cross_connects = self.fabric.cross_connects
-        self.ledger = self.fabric.aggregators
+        for p in placed:
+            self.control, _ = control(self.control, JobPlaced(jobs[p.job_id], p, at))
+        self.ledger = self._ledger()
 
-    def _profile(self, job: Job, placement: Placement, iterations: int) -> JobProfile:
+    def _ledger(self) -> AggregatorLedger:
+        fabric = self.control.fabric
+        return fabric.aggregators if fabric is not None else AggregatorLedger()
+
+    def _profile(self, job: Job, placement: Placement, iterations: int, at: float) -> JobProfile:
         if self.spec.name == IDEAL:
             return profile_ideal(self.ctx, job, placement, iterations)
-        if self.spec.name == ECMP:
+        if self.spec.name in ELECTRICAL:
             return profile_ecmp(self.ctx, job, placement, iterations)
-        fabric = self.fabric
-        assert fabric is not None
-        return profile_optical(self.ctx, job, placement, fabric, iterations)
+        return profile_optical(self.ctx, job, placement, self.control, iterations, at)
 
     def _start(self, at: float, job: Job, placement: Placement) -> None:
         entry = self.entries[job.job_id]
-        profile = self._profile(job, placement, entry.iterations)
+        profile = self._profile(job, placement, entry.iterations, at)
         result = self.results[job.job_id]
         result.start_s = at
         result.ideal_iteration_s = profile.ideal_iteration_s
@@ -322,6 +342,10 @@ class Simulation:
         result.holds_topology = profile.holds_topology
         result.hits = profile.rewiring.hits(entry.iterations)
         result.misses = profile.rewiring.misses(entry.iterations)
+        result.held = profile.rewiring.held(entry.iterations)
+        result.compute_iteration_s = (
+            pipeline_span_s(profile.timing, 0.0) + profile.timing.optimizer_s
+        )
         run = _Run(
             entry,
             job,
@@ -334,22 +358,24 @@ class Simulation:
             dp_net=profile.dp_alone_s,
         )
         run.base_s = profile.iteration_s(run.pp_net, run.dp_net)
-        if self.fabric is not None:
-            run.fabric_key = fabric_key(self.cluster, self.fabric, job, placement)
+        if self.spec.optical:
+            run.fabric_key = fabric_key(self.control, job.job_id)
         self.running[job.job_id] = run
         for key in profile.shares:
             self.key_users[key].add(job.job_id)
         self._set_rates(run)
         self._schedule(run)
 
-    def _reprofile(self, run: _Run, fabric: FabricPlan) -> bool:
-        """A job whose slice may have changed: new phase times, the same rewiring history."""
+    def _reprofile(self, run: _Run, at: float) -> bool:
+        """A job whose allocation may have changed: new phase times, the same rewiring history."""
         assert self.spec.optical
-        key = fabric_key(self.cluster, fabric, run.job, run.placement)
+        key = fabric_key(self.control, run.job.job_id)
         if key == run.fabric_key:
             return False
         run.fabric_key = key
-        profile = profile_optical(self.ctx, run.job, run.placement, fabric, run.entry.iterations)
+        profile = profile_optical(
+            self.ctx, run.job, run.placement, self.control, run.entry.iterations, at
+        )
         profile = replace(profile, rewiring=run.profile.rewiring)
         for key in run.profile.shares:
             self.key_users[key].discard(run.job.job_id)
@@ -419,7 +445,10 @@ class Simulation:
                 run.pp_net, run.dp_net = run.profile.pp_alone_s, run.profile.dp_alone_s
                 run.base_s = run.profile.iteration_s(run.pp_net, run.dp_net)
             fresh = run.iter_done == 0 and run.seg_start == at
-            if fresh or self._is_bulk(run):
+            if run.result.stalled is not None:  # a change may let it progress again
+                run.seg_start = max(run.seg_start, at)
+                self._schedule(run)
+            elif fresh or self._is_bulk(run):
                 self._schedule(run)
             # else: the iteration in progress keeps its end; the next one uses base_s
 
@@ -435,6 +464,9 @@ class Simulation:
         if not self._is_bulk(run) or run.seg_start >= at:
             return
         per = run.iteration_total_s(run.iter_done)
+        if not math.isfinite(per):
+            run.seg_start = at  # stalled: nothing ran
+            return
         left = run.entry.iterations - run.iter_done
         ended = math.floor((at - run.seg_start) / per * (1 + _EPS)) if per > 0 else left
         count = min(left, ended + 1)
@@ -474,6 +506,11 @@ class Simulation:
     def _schedule(self, run: _Run) -> None:
         run.version += 1
         n = run.entry.iterations
+        if not math.isfinite(run.iteration_total_s(run.iter_done)):
+            # its circuits cannot carry a phase: no progress until the fabric changes
+            run.result.stalled = "no circuit carries its traffic"
+            return
+        run.result.stalled = None
         if run.iter_done >= n:
             self._push(run.seg_start, _COMPLETION, run.job.job_id, run.version)
             return
@@ -497,16 +534,37 @@ class Simulation:
         else:
             self._schedule(run)
 
+    def _stall_all(self) -> None:
+        """Nothing will ever change the fabric again: jobs that cannot progress leave.
+
+        They are reported (`stalled`) and release their servers and ports, so the
+        queue behind them is served instead of the simulation hanging.
+        """
+        at = max((r.seg_start for r in self.running.values()), default=0.0)
+        at = max(at, self.now)
+        for run in list(self.running.values()):
+            if run.result.stalled is None:
+                run.result.stalled = "stopped: no progress possible"
+            self._leave(at, run, completed=False)
+
     def _complete(self, at: float, run: _Run) -> None:
+        self._leave(at, run, completed=True)
+
+    def _leave(self, at: float, run: _Run, *, completed: bool) -> None:
         job_id = run.job.job_id
-        run.result.end_s = at
+        if completed:
+            run.result.end_s = at
         del self.running[job_id]
         self.order.remove(job_id)
         self.free.update(run.placement.servers)
         self._clear_rates(run)
         for key in run.profile.shares:
             self.key_users[key].discard(job_id)
-        self.ledger = self.ledger.release(job_id)
+        if self.spec.optical:
+            self.control, _ = control(self.control, JobCompleted(job_id, at))
+            self.ledger = self._ledger()
+        else:
+            self.ledger = self.ledger.release(job_id)
         self.done += 1
         neighbours: set[str] = set()
         for key in run.profile.shares:
@@ -523,6 +581,7 @@ def simulate(
     reconfig_ms: float | None = None,
     step_by_step: bool = False,
     progress: ProgressFn | None = None,
+    gpu: str | None = None,
 ) -> SimResult:
     """Run one policy over a workload; see `Simulation`."""
     return Simulation(
@@ -533,6 +592,7 @@ def simulate(
         reconfig_ms=reconfig_ms,
         step_by_step=step_by_step,
         progress=progress,
+        gpu=gpu,
     ).run()
 
 

@@ -26,13 +26,16 @@ Pure functions; no I/O.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from app.engine.collective import ALPHA_RING_S, gbps_to_bytes_per_s, ring_time_s
+from app.engine.gpu_profiles import forward_share, gpu_profile, megatron_flops
 from app.engine.job import Job
 from app.engine.traffic import gradient_bytes, resolve_facts
 
-DEFAULT_GPU_TFLOPS = 140.0
+DEFAULT_GPU_TFLOPS = 140.0  # the from-trace importer's rate when a row states none
+DP_BUCKET_PARAMETERS = 40e6  # Megatron-LM's DDP gradient bucket (40M parameters)
 DEFAULT_SEQ_LEN = 2048
 OPTIMIZER_BYTES_PER_PARAMETER = 16.0
 HBM_BYTES_PER_S = 2.0e12
@@ -43,24 +46,43 @@ DEFAULT_SERVER_GBPS = 3200.0
 def stage_compute(
     job: Job,
     *,
-    tflops_per_gpu: float = DEFAULT_GPU_TFLOPS,
+    tflops_per_gpu: float | None = None,
     gpus_per_server: int = DEFAULT_GPUS_PER_SERVER,
+    gpu: str | None = None,
 ) -> tuple[float, float, float]:
-    """(forward, backward, optimizer) seconds of one micro-batch / step on one stage."""
+    """(forward, backward, optimizer) seconds of one micro-batch / step on one stage.
+
+    With the model's shape (hidden size, layers, sequence length) the Megatron-LM
+    FLOPs formula (`gpu_profiles.megatron_flops`, with activation recomputation
+    unless the job turns it off) at the GPU profile's achieved rate for that
+    width; else 2N FLOPs per token forward, 4N backward. `tflops_per_gpu` forces
+    a rate. Stated compute times win over both.
+    """
     c = job.compute
     m = job.model
     facts = resolve_facts(job)
     par = job.parallelism
-    tokens = (m.seq_len if m and m.seq_len else DEFAULT_SEQ_LEN) * (
-        m.microbatch_size if m and m.microbatch_size else 1
-    )
-    flops_per_s = tflops_per_gpu * 1e12 * gpus_per_server
+    profile = gpu_profile(gpu)
+    seq = m.seq_len if m and m.seq_len else DEFAULT_SEQ_LEN
+    mbs = m.microbatch_size if m and m.microbatch_size else 1
+    hidden = m.hidden_size if m else None
+    rate = tflops_per_gpu if tflops_per_gpu is not None else profile.achieved_tflops(hidden)
+    flops_per_s = rate * 1e12 * gpus_per_server
     # experts split the MoE layers over ep servers; dense layers are replicated, so
     # a server holds parameters / (pp * ep) of the (sparse) model's weights
     stage_params = facts.parameters / (par.pp * par.ep)
-    forward = 2.0 * stage_params * tokens / flops_per_s
-    backward = 2.0 * forward
-    optimizer = stage_params / gpus_per_server * OPTIMIZER_BYTES_PER_PARAMETER / HBM_BYTES_PER_S
+    if m is not None and m.hidden_size and m.num_layers:
+        recompute = m.activation_checkpointing is not False
+        flops = megatron_flops(mbs, seq, m.num_layers, m.hidden_size, recompute=recompute)
+        share = forward_share(recompute)
+        forward = flops * share / par.pp / flops_per_s
+        backward = flops * (1.0 - share) / par.pp / flops_per_s
+    else:
+        forward = 2.0 * stage_params * seq * mbs / flops_per_s
+        backward = 2.0 * forward
+    optimizer = (
+        stage_params / gpus_per_server * OPTIMIZER_BYTES_PER_PARAMETER / profile.hbm_bytes_per_s
+    )
     if c is not None:
         forward = c.microbatch_forward_s if c.microbatch_forward_s is not None else forward
         backward = c.microbatch_backward_s if c.microbatch_backward_s is not None else backward
@@ -81,6 +103,17 @@ class JobTiming:
     send_ideal_s: float  # one activation send at the server's full NIC rate
     activation_bytes: float
     gradient_bytes: float
+    buckets: int = 1  # DP gradient buckets, AllReduced as the backward pass fills them
+
+    def dp_exposed_s(self, dp_s: float) -> float:
+        """The AllReduce time not hidden under the last micro-batch's backward pass.
+
+        Buckets go out as the backward pass fills them, so all but the last
+        bucket overlap the last backward on the stage; the last one cannot.
+        """
+        if dp_s <= 0:
+            return 0.0
+        return max(dp_s / self.buckets, dp_s - self.backward_s * (1 - 1 / self.buckets))
 
     @property
     def gap_before_pp_s(self) -> float:
@@ -97,9 +130,16 @@ def job_timing(
     job: Job,
     server_gbps: float = DEFAULT_SERVER_GBPS,
     gpus_per_server: int = DEFAULT_GPUS_PER_SERVER,
+    gpu: str | None = None,
+    ep_gbps: float | None = None,
 ) -> JobTiming:
-    """The job's compute times, EP AllToAll (inside one ToR) and ideal send time."""
-    forward, backward, optimizer = stage_compute(job, gpus_per_server=gpus_per_server)
+    """The job's compute times, EP AllToAll and ideal send time.
+
+    EP all-to-all runs at the server's rate under its ToR, or at `ep_gbps` per
+    server when the placement spreads an EP group over ToRs (the caller's view of
+    the fabric beyond the ToR).
+    """
+    forward, backward, optimizer = stage_compute(job, gpus_per_server=gpus_per_server, gpu=gpu)
     facts = resolve_facts(job)
     par = job.parallelism
     server_bps = gbps_to_bytes_per_s(server_gbps)
@@ -107,8 +147,11 @@ def job_timing(
     if par.ep > 1:
         # dispatch + combine, forward + backward: 4 transfers of (ep-1)/ep of the
         # micro-batch's activations per server, at the server's rate under its ToR
-        ep_s = 4 * facts.activation_bytes * (par.ep - 1) / par.ep / server_bps
+        ep_bps = gbps_to_bytes_per_s(ep_gbps) if ep_gbps is not None else server_bps
+        ep_s = 4 * facts.activation_bytes * (par.ep - 1) / par.ep / min(server_bps, ep_bps)
     m = facts.microbatches
+    stage_params = facts.parameters / (par.pp * par.ep)
+    buckets = max(1, min(64, math.ceil(stage_params / DP_BUCKET_PARAMETERS)))
     return JobTiming(
         forward_s=forward + ep_s / 2,
         backward_s=backward + ep_s / 2,
@@ -119,6 +162,7 @@ def job_timing(
         send_ideal_s=ALPHA_RING_S + facts.activation_bytes / server_bps,
         activation_bytes=facts.activation_bytes,
         gradient_bytes=gradient_bytes(job),
+        buckets=buckets,
     )
 
 
@@ -139,8 +183,10 @@ def pp_window_s(t: JobTiming, send_s: float) -> float:
     return pipeline_span_s(t, send_s) - t.forward_s - t.backward_s
 
 
-def ideal_iteration_estimate_s(job: Job, server_gbps: float = DEFAULT_SERVER_GBPS) -> float:
+def ideal_iteration_estimate_s(
+    job: Job, server_gbps: float = DEFAULT_SERVER_GBPS, gpu: str | None = None
+) -> float:
     """Placement-free iteration estimate: pipeline at NIC rate plus a ring AllReduce."""
-    t = job_timing(job, server_gbps)
+    t = job_timing(job, server_gbps, gpu=gpu)
     dp = ring_time_s(job.parallelism.dp, t.gradient_bytes, gbps_to_bytes_per_s(server_gbps))
-    return pipeline_span_s(t, t.send_ideal_s) + dp + t.optimizer_s
+    return pipeline_span_s(t, t.send_ideal_s) + t.dp_exposed_s(dp) + t.optimizer_s

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.exc import DisconnectionError
 
 from app.settings import Settings
+
+# a pooled PostgreSQL connection idle longer than this is tested before use
+IDLE_PING_S = 1.0
 
 
 def create_db_engine(settings: Settings, *, for_writes: bool = True) -> Engine:
@@ -14,7 +19,9 @@ def create_db_engine(settings: Settings, *, for_writes: bool = True) -> Engine:
 
     SQLite gets WAL; a write engine takes the write lock at BEGIN (so concurrent
     writers queue instead of failing to upgrade), a read engine does not, so
-    readers never wait for writers.
+    readers never wait for writers. PostgreSQL connections are tested only
+    after `IDLE_PING_S` idle in the pool (a restart is noticed before use),
+    not on every checkout: a busy path makes no extra round trip per query.
     """
     url = settings.database_url
     if settings.is_sqlite:
@@ -29,7 +36,58 @@ def create_db_engine(settings: Settings, *, for_writes: bool = True) -> Engine:
         )
         _configure_sqlite(engine, immediate=for_writes)
         return engine
-    return create_engine(url, pool_size=10, max_overflow=10, pool_pre_ping=True)
+    engine = create_engine(
+        url,
+        pool_size=settings.db_pool_size,
+        max_overflow=settings.db_pool_size,
+        pool_timeout=settings.db_pool_timeout_s,
+        connect_args={"options": postgres_options(settings)},
+    )
+    _ping_when_idle(engine, IDLE_PING_S)
+    return engine
+
+
+def postgres_options(settings: Settings) -> str:
+    """Session settings: no statement waits on a lock, and no transaction stays open, for long.
+
+    A process stopped inside a transaction (SIGSTOP, a GC pause, a debugger)
+    would otherwise hold its row locks and block the API and a new leader
+    indefinitely; Postgres ends such a session after the idle timeout.
+    """
+    return (
+        f"-c lock_timeout={settings.db_lock_timeout_ms} "
+        f"-c idle_in_transaction_session_timeout={settings.db_idle_in_transaction_ms}"
+    )
+
+
+def _ping_when_idle(engine: Engine, idle_s: float) -> None:
+    """Test a connection at checkout only when it sat idle `idle_s` or longer."""
+
+    @event.listens_for(engine, "checkin")
+    def _on_checkin(dbapi_conn: Any, record: Any) -> None:
+        record.info["idle_since"] = time.monotonic()
+
+    @event.listens_for(engine, "checkout")
+    def _on_checkout(dbapi_conn: Any, record: Any, proxy: Any) -> None:
+        since = record.info.get("idle_since")
+        if since is None or time.monotonic() - since < idle_s:
+            return
+        try:
+            engine.dialect.do_ping(dbapi_conn)
+        except Exception as exc:  # the pool drops it and connects afresh
+            raise DisconnectionError("stale pooled connection") from exc
+
+
+def relaxed_commit(conn: Any) -> None:
+    """Let this transaction's commit return before its WAL is flushed (PostgreSQL only).
+
+    Only for writes that are safe to lose in a crash because they are redone:
+    the relay's published marks (a row is published again, consumers are
+    idempotent) and the switches' read-back (read again on the next pass).
+    Other sessions see the rows at once either way.
+    """
+    if conn.dialect.name == "postgresql":
+        conn.exec_driver_sql("SET LOCAL synchronous_commit = off")
 
 
 def _configure_sqlite(engine: Engine, *, immediate: bool) -> None:

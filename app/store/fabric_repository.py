@@ -7,16 +7,17 @@ southbound reconciler writes what the switches confirmed; the API reads both.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import delete, insert, select, update
+from sqlalchemy import bindparam, delete, insert, select, true, update
 
 from app.engine.cross_connects import CrossConnect
 from app.engine.job import Job, JobState, Placement
 
 from . import tables as t
+from .database import relaxed_commit
 from .mapping import job_from_body, placement_from_json
 from .repository import NewDecision, Store, append_decisions, utcnow
 
@@ -49,25 +50,46 @@ def _port_rows(cross_connects: Iterable[CrossConnect]) -> list[dict[str, Any]]:
     return rows
 
 
-def replace_desired(conn: Any, cross_connects: Iterable[CrossConnect]) -> None:
-    """Make the desired-ports table hold exactly `cross_connects`, touching only changes."""
-    wanted = {(r["oxc_id"], r["port"]): r for r in _port_rows(cross_connects)}
-    existing = {(r.oxc_id, r.port): r for r in conn.execute(select(t.desired_ports))}
-    gone = {
-        key
-        for key, row in existing.items()
-        if key not in wanted
-        or (wanted[key]["peer"], wanted[key]["job_id"]) != (row.peer, row.job_id)
-    }
-    for oxc_id, port in gone:
+def _port_key_rows(cross_connects: Iterable[CrossConnect]) -> dict[tuple[str, int], dict[str, Any]]:
+    return {(r["oxc_id"], r["port"]): r for r in _port_rows(cross_connects)}
+
+
+def replace_desired(
+    conn: Any,
+    cross_connects: Iterable[CrossConnect],
+    previous: Iterable[CrossConnect] | None = None,
+) -> int:
+    """Make the desired-ports table hold exactly `cross_connects`, touching only changes.
+
+    `previous` is what the table holds (the caller's memory of its last write):
+    given, nothing is read; else the table is read and compared. Returns the
+    number of port rows written or deleted.
+    """
+    wanted = _port_key_rows(cross_connects)
+    if previous is not None:
+        existing = {k: (r["peer"], r["job_id"]) for k, r in _port_key_rows(previous).items()}
+    else:
+        existing = {
+            (r.oxc_id, r.port): (r.peer, r.job_id) for r in conn.execute(select(t.desired_ports))
+        }
+    gone = [
+        {"o": oxc_id, "p": port}
+        for (oxc_id, port), held in existing.items()
+        if (oxc_id, port) not in wanted
+        or (wanted[(oxc_id, port)]["peer"], wanted[(oxc_id, port)]["job_id"]) != held
+    ]
+    if gone:
         conn.execute(
-            delete(t.desired_ports)
-            .where(t.desired_ports.c.oxc_id == oxc_id)
-            .where(t.desired_ports.c.port == port)
+            delete(t.desired_ports).where(
+                t.desired_ports.c.oxc_id == bindparam("o"), t.desired_ports.c.port == bindparam("p")
+            ),
+            gone,
         )
-    fresh = [row for key, row in wanted.items() if key not in existing or key in gone]
+    removed = {(g["o"], g["p"]) for g in gone}
+    fresh = [row for key, row in wanted.items() if key not in existing or key in removed]
     if fresh:
         conn.execute(insert(t.desired_ports), fresh)
+    return len(gone) + len(fresh)
 
 
 class FabricRepository:
@@ -76,20 +98,37 @@ class FabricRepository:
     def __init__(self, store: Store) -> None:
         self.store = store
 
-    def load_placed_jobs(self) -> list[PlacedJobRow]:
-        """Placed jobs in arrival order (earlier jobs keep priority for ports)."""
+    def placed_job_ids(self) -> list[str]:
+        """Ids of the placed jobs in arrival order (an indexed read, no JSON decoded)."""
         with self.store.read_engine.connect() as conn:
-            rows = conn.execute(
-                select(
-                    t.jobs.c.job_id,
-                    t.jobs.c.body,
-                    t.jobs.c.submitted_order,
-                    t.jobs.c.placement,
-                    t.jobs.c.collective,
-                )
-                .where(t.jobs.c.state == JobState.PLACED.value)
-                .order_by(t.jobs.c.submitted_order)
-            ).all()
+            return list(
+                conn.execute(
+                    select(t.jobs.c.job_id)
+                    .where(t.jobs.c.state == JobState.PLACED.value)
+                    .order_by(t.jobs.c.submitted_order)
+                ).scalars()
+            )
+
+    def load_placed_jobs(self, job_ids: Collection[str] | None = None) -> list[PlacedJobRow]:
+        """Placed jobs in arrival order (earlier jobs keep priority for ports); only
+        `job_ids` of them when given (the worker reads what appeared since its last pass)."""
+        query = (
+            select(
+                t.jobs.c.job_id,
+                t.jobs.c.body,
+                t.jobs.c.submitted_order,
+                t.jobs.c.placement,
+                t.jobs.c.collective,
+            )
+            .where(t.jobs.c.state == JobState.PLACED.value)
+            .order_by(t.jobs.c.submitted_order)
+        )
+        if job_ids is not None:
+            if not job_ids:
+                return []
+            query = query.where(t.jobs.c.job_id.in_(sorted(job_ids)))
+        with self.store.read_engine.connect() as conn:
+            rows = conn.execute(query).all()
         return [
             PlacedJobRow(
                 job_from_body(r.job_id, r.body, r.submitted_order),
@@ -119,11 +158,16 @@ class FabricRepository:
         collectives: Mapping[str, dict[str, Any]],
         decisions: Sequence[NewDecision],
         facts: dict[str, Any],
+        *,
+        previous: Iterable[CrossConnect] | None = None,
     ) -> list[int]:
-        """Replace the desired state, update collectives, log decisions: one transaction."""
+        """Replace the desired state, update collectives, log decisions: one transaction.
+
+        `previous`: the desired state as last written (see `replace_desired`).
+        """
         now = utcnow()
         with self.store.write_engine.begin() as conn:
-            replace_desired(conn, cross_connects)
+            replace_desired(conn, cross_connects, previous)
             for job_id, collective in collectives.items():
                 conn.execute(
                     update(t.jobs)
@@ -153,33 +197,49 @@ class FabricRepository:
 
     # --- what the switches confirmed --------------------------------------
 
-    def save_confirmed(self, confirmed: Iterable[ConfirmedOxc]) -> None:
-        """Replace the confirmed rows of the OXCs read in this pass."""
+    def save_confirmed(
+        self,
+        confirmed: Iterable[ConfirmedOxc],
+        previous: Mapping[str, ConfirmedOxc] | None = None,
+    ) -> int:
+        """Record what the OXCs read in this pass hold; returns the port rows written.
+
+        With `previous` (what the table holds, the caller's memory) only the
+        ports that changed are deleted and inserted and nothing is read;
+        without it every given OXC's rows are replaced.
+        """
+        written = 0
         with self.store.write_engine.begin() as conn:
+            relaxed_commit(conn)  # the switches are read again on the next pass
             for oxc in confirmed:
-                conn.execute(
-                    delete(t.confirmed_ports).where(t.confirmed_ports.c.oxc_id == oxc.oxc_id)
-                )
-                rows: dict[int, dict[str, Any]] = {}
-                for a, b in oxc.cross_connects:
-                    rows[a] = {
-                        "oxc_id": oxc.oxc_id,
-                        "port": a,
-                        "peer": b,
-                        "failed": a in oxc.failed_ports,
-                    }
-                    rows[b] = {
-                        "oxc_id": oxc.oxc_id,
-                        "port": b,
-                        "peer": a,
-                        "failed": b in oxc.failed_ports,
-                    }
-                for port in oxc.failed_ports:
-                    rows.setdefault(
-                        port, {"oxc_id": oxc.oxc_id, "port": port, "peer": None, "failed": True}
+                rows = _confirmed_rows(oxc)
+                if previous is None:
+                    conn.execute(
+                        delete(t.confirmed_ports).where(t.confirmed_ports.c.oxc_id == oxc.oxc_id)
                     )
-                if rows:
-                    conn.execute(insert(t.confirmed_ports), list(rows.values()))
+                    fresh = list(rows.values())
+                else:
+                    before = previous.get(oxc.oxc_id)
+                    held = _confirmed_rows(before) if before is not None else {}
+                    gone = [
+                        {"o": oxc.oxc_id, "p": port}
+                        for port, row in held.items()
+                        if rows.get(port) != row
+                    ]
+                    if gone:
+                        conn.execute(
+                            delete(t.confirmed_ports).where(
+                                t.confirmed_ports.c.oxc_id == bindparam("o"),
+                                t.confirmed_ports.c.port == bindparam("p"),
+                            ),
+                            gone,
+                        )
+                    fresh = [row for port, row in rows.items() if held.get(port) != row]
+                    written += len(gone)
+                if fresh:
+                    conn.execute(insert(t.confirmed_ports), fresh)
+                written += len(fresh)
+        return written
 
     def load_confirmed(self) -> dict[str, ConfirmedOxc]:
         pairs: dict[str, set[tuple[int, int]]] = defaultdict(set)
@@ -196,4 +256,25 @@ class FabricRepository:
         }
 
     def load_failed_ports(self) -> dict[str, frozenset[int]]:
-        return {o: c.failed_ports for o, c in self.load_confirmed().items() if c.failed_ports}
+        """Failed ports per OXC, read by the partial index on failed rows."""
+        failed: dict[str, set[int]] = defaultdict(set)
+        with self.store.read_engine.connect() as conn:
+            rows = conn.execute(
+                select(t.confirmed_ports.c.oxc_id, t.confirmed_ports.c.port).where(
+                    t.confirmed_ports.c.failed == true()
+                )
+            )
+            for r in rows:
+                failed[r.oxc_id].add(r.port)
+        return {o: frozenset(p) for o, p in failed.items()}
+
+
+def _confirmed_rows(oxc: ConfirmedOxc) -> dict[int, dict[str, Any]]:
+    """One row per port of `oxc`: connected ports with their peer, failed ones flagged."""
+    rows: dict[int, dict[str, Any]] = {}
+    for a, b in oxc.cross_connects:
+        rows[a] = {"oxc_id": oxc.oxc_id, "port": a, "peer": b, "failed": a in oxc.failed_ports}
+        rows[b] = {"oxc_id": oxc.oxc_id, "port": b, "peer": a, "failed": b in oxc.failed_ports}
+    for port in oxc.failed_ports:
+        rows.setdefault(port, {"oxc_id": oxc.oxc_id, "port": port, "peer": None, "failed": True})
+    return rows

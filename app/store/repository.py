@@ -7,17 +7,19 @@ and to plain records the API renders; nothing above this module sees SQL.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable, Iterable, Sequence
+import threading
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Connection, Engine, delete, func, insert, select, text, update
+from sqlalchemy import Connection, Engine, bindparam, delete, func, insert, select, text, update
 from sqlalchemy.exc import IntegrityError
 
 from app.engine.job import JobState, Placement
 from app.engine.job_lease import LEASE_EXPIRED, JobLease
 
 from . import tables as t
+from .database import relaxed_commit
 from .mapping import job_from_body, placement_to_json
 
 
@@ -85,6 +87,100 @@ class Snapshot:
     busy_until: dict[str, float] = field(default_factory=dict)
 
 
+@dataclass(slots=True)
+class PlacedFacts:
+    """What scheduling needs of one placed job, decoded once."""
+
+    placement: dict[str, Any]  # the stored placement JSON (fixed once placed)
+    servers: tuple[str, ...]
+    ends: float | None  # epoch seconds its walltime runs out (None: no walltime)
+    grants: dict[str, float]  # ToR -> INC Gb/s held, from its stored collective
+
+
+def grants_of(collective: dict[str, Any] | None) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for grant in (collective or {}).get("aggregator_grants", []):
+        out[grant["tor"]] = out.get(grant["tor"], 0.0) + float(grant["gbps"])
+    return out
+
+
+class PlacedCache:
+    """The worker's memory of placed jobs for scheduling, updated from what changed.
+
+    `Store.load_snapshot` adds the jobs placed since its last call and drops
+    the ones that ended; the fabric pass reports collectives it wrote
+    (`set_collective`) so aggregator totals follow without re-reading rows.
+    Server holders and expected ends are kept as running totals, so a
+    snapshot costs copies, not a walk over every placed job. Thread-safe: the
+    fabric pass runs on its own thread.
+    """
+
+    def __init__(self) -> None:
+        self.facts: dict[str, PlacedFacts] = {}
+        self.used: dict[str, str] = {}  # server -> job
+        self.busy_until: dict[str, float] = {}  # server -> expected end
+        self._lock = threading.Lock()
+
+    def update(self, placed_ids: set[str], rows: Iterable[Any]) -> None:
+        with self._lock:
+            for gone in [j for j in self.facts if j not in placed_ids]:
+                facts = self.facts.pop(gone)
+                for server in facts.servers:
+                    if self.used.get(server) == gone:
+                        del self.used[server]
+                        self.busy_until.pop(server, None)
+            for r in rows:
+                placement = r.placement or {"units": []}
+                servers = tuple(u["server"] for u in placement["units"])
+                walltime = (r.body or {}).get("walltime_s")
+                ends = None
+                if walltime is not None and r.placed_at is not None:
+                    ends = _aware(r.placed_at).timestamp() + float(walltime)  # type: ignore[union-attr]
+                grants = grants_of(r.collective)
+                self.facts[r.job_id] = PlacedFacts(placement, servers, ends, grants)
+                self.used.update(dict.fromkeys(servers, r.job_id))
+                if ends is not None:
+                    self.busy_until.update(dict.fromkeys(servers, ends))
+
+    def clear(self) -> None:
+        with self._lock:
+            self.facts.clear()
+            self.used.clear()
+            self.busy_until.clear()
+
+    def set_collective(self, job_id: str, collective: dict[str, Any] | None) -> None:
+        with self._lock:
+            facts = self.facts.get(job_id)
+            if facts is not None:
+                facts.grants = grants_of(collective)
+
+    def view(
+        self,
+    ) -> tuple[dict[str, str], dict[str, dict[str, Any]], dict[str, float], dict[str, float]]:
+        """(server holders, placements, aggregator Gb/s per ToR, expected ends): copies."""
+        with self._lock:
+            aggregators: dict[str, float] = {}
+            for facts in self.facts.values():
+                for tor, gbps in facts.grants.items():
+                    aggregators[tor] = aggregators.get(tor, 0.0) + gbps
+            placed = {j: f.placement for j, f in self.facts.items()}
+            return dict(self.used), placed, aggregators, dict(self.busy_until)
+
+
+@dataclass(frozen=True, slots=True)
+class Admitted:
+    """What `record_admission` wrote: placed jobs with their decision seqs, and jobs that left."""
+
+    placed: tuple[str, ...]
+    seqs: tuple[int, ...]
+    left: tuple[str, ...] = ()  # chosen, but no longer queued when written: not placed
+
+
+def _chunks(items: list[str], size: int = 1000) -> Iterator[list[str]]:
+    for i in range(0, len(items), size):
+        yield items[i : i + size]
+
+
 def utcnow() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
 
@@ -143,6 +239,7 @@ def append_decisions(
     if not decisions:
         return []
     first = next_counter(conn, "decision_seq", len(decisions))
+    token = conn.info.get("fence_token")  # the leader's, when a fence opened this transaction
     rows = [
         {
             "seq": first + i,
@@ -151,6 +248,7 @@ def append_decisions(
             "job_id": d.job_id,
             "reason": d.reason,
             "payload": d.payload,
+            "token": token,
         }
         for i, d in enumerate(decisions)
     ]
@@ -192,10 +290,12 @@ class Store:
         deadline: float | None,
         owner: str | None = None,
     ) -> tuple[JobRecord, bool]:
-        """Record a new queued job and its AdmitJob event; (existing, False) if the id exists."""
-        existing = self.get_job(job_id)
-        if existing is not None:
-            return existing, False
+        """Record a new queued job and its AdmitJob event; (existing, False) if the id exists.
+
+        One transaction and no read on the common path (a new id): the insert
+        itself finds an existing id, and the new row is answered from what was
+        written.
+        """
         now = utcnow()
         try:
             with self.write_engine.begin() as conn:
@@ -222,8 +322,22 @@ class Store:
             if existing is None:
                 raise
             return existing, False
-        record = self.get_job(job_id)
-        assert record is not None
+        record = JobRecord(
+            job_id=job_id,
+            state=JobState.QUEUED.value,
+            body=body,
+            body_hash=body_hash,
+            submitted_order=order,
+            examined=False,
+            queue_reason=None,
+            placement=None,
+            collective=None,
+            submitted_at=now,
+            placed_at=None,
+            completed_at=None,
+            owner=owner,
+            lease_s=body.get("lease_s"),
+        )
         return record, True
 
     def get_job(self, job_id: str) -> JobRecord | None:
@@ -341,39 +455,42 @@ class Store:
 
     # --- scheduling -------------------------------------------------------
 
-    def load_snapshot(self) -> Snapshot:
-        """The queue (arrival order) and server holders, read in one transaction."""
+    def load_snapshot(self, cache: PlacedCache | None = None) -> Snapshot:
+        """The queue (arrival order) and server holders, read in one transaction.
+
+        With a `cache` (the worker's memory of placed jobs) only the ids of
+        placed jobs are read, and the rows of jobs placed since the last call:
+        the cost follows the change, not the number of jobs running. Without
+        one every placed row is read and decoded.
+        """
+        cache = cache if cache is not None else PlacedCache()
         with self.read_engine.connect() as conn, conn.begin():
             queued_rows = conn.execute(
                 select(t.jobs.c.job_id, t.jobs.c.body, t.jobs.c.submitted_order, t.jobs.c.examined)
                 .where(t.jobs.c.state == JobState.QUEUED.value)
                 .order_by(t.jobs.c.submitted_order)
             ).all()
-            used = {
-                r.server_id: r.job_id
-                for r in conn.execute(
-                    select(t.server_assignments.c.server_id, t.server_assignments.c.job_id)
-                )
-            }
-            placed = {}
-            aggregators: dict[str, float] = {}
-            busy_until: dict[str, float] = {}
-            for r in conn.execute(
-                select(
-                    t.jobs.c.job_id,
-                    t.jobs.c.placement,
-                    t.jobs.c.collective,
-                    t.jobs.c.placed_at,
-                    t.jobs.c.body,
-                ).where(t.jobs.c.state == JobState.PLACED.value)
-            ):
-                placed[r.job_id] = r.placement
-                walltime = (r.body or {}).get("walltime_s")
-                if walltime is not None and r.placed_at is not None:
-                    ends = _aware(r.placed_at).timestamp() + float(walltime)  # type: ignore[union-attr]
-                    busy_until.update({u["server"]: ends for u in r.placement["units"]})
-                for grant in (r.collective or {}).get("aggregator_grants", []):
-                    aggregators[grant["tor"]] = aggregators.get(grant["tor"], 0.0) + grant["gbps"]
+            placed_ids = set(
+                conn.execute(
+                    select(t.jobs.c.job_id).where(t.jobs.c.state == JobState.PLACED.value)
+                ).scalars()
+            )
+            fresh = placed_ids.difference(cache.facts)
+            rows: Sequence[Any] = []
+            if fresh:
+                rows = conn.execute(
+                    select(
+                        t.jobs.c.job_id,
+                        t.jobs.c.placement,
+                        t.jobs.c.collective,
+                        t.jobs.c.placed_at,
+                        t.jobs.c.body,
+                    ).where(
+                        t.jobs.c.state == JobState.PLACED.value, t.jobs.c.job_id.in_(sorted(fresh))
+                    )
+                ).all()
+        cache.update(placed_ids, rows)
+        used, placed, aggregators, busy_until = cache.view()
         queued = tuple(job_from_body(r.job_id, r.body, r.submitted_order) for r in queued_rows)
         unexamined = frozenset(r.job_id for r in queued_rows if not r.examined)
         return Snapshot(queued, used, placed, unexamined, aggregators, busy_until)
@@ -386,59 +503,85 @@ class Store:
         queue_reasons: dict[str, str],
         reason: str,
         collectives: dict[str, dict[str, Any]] | None = None,
-    ) -> list[int]:
-        """Place jobs, hold their servers and log the decisions, all or nothing.
+    ) -> Admitted:
+        """Place jobs, hold their servers and log the decisions in one short transaction.
 
-        Raises ConcurrentChange when a job left the queue (completed) meanwhile
-        or a server was taken: the worker reloads and decides again.
+        Set-based: one locking read of the jobs to place, one executemany per
+        kind of change, so the transaction's length does not grow with the
+        queue. A job that left the queue meanwhile (completed, cancelled) is
+        not placed and is named in `Admitted.left`; the other placements stand
+        (they never shared servers with it). Raises ConcurrentChange only when
+        a server was taken by another writer.
         """
         now = utcnow()
         collectives = collectives or {}
-        decisions = []
+        wanted = list(placements)
+        j = t.jobs
         try:
             with self.write_engine.begin() as conn:
-                for p in placements:
-                    payload = placement_to_json(p)
-                    changed = conn.execute(
-                        update(t.jobs)
-                        .where(t.jobs.c.job_id == p.job_id)
-                        .where(t.jobs.c.state == JobState.QUEUED.value)
+                queued: set[str] = set()
+                ids = [p.job_id for p in wanted]
+                for chunk in _chunks(ids):
+                    queued.update(
+                        conn.execute(
+                            select(j.c.job_id)
+                            .where(j.c.job_id.in_(chunk), j.c.state == JobState.QUEUED.value)
+                            .with_for_update()
+                        ).scalars()
+                    )
+                kept = [p for p in wanted if p.job_id in queued]
+                payloads = {p.job_id: placement_to_json(p) for p in kept}
+                if kept:
+                    conn.execute(
+                        update(j)
+                        .where(j.c.job_id == bindparam("b_job"))
                         .values(
                             state=JobState.PLACED.value,
-                            placement=payload,
-                            collective=collectives.get(p.job_id),
+                            placement=bindparam("b_placement"),
+                            collective=bindparam("b_collective"),
                             placed_at=now,
                             examined=True,
                             queue_reason=None,
-                        )
-                    ).rowcount
-                    if changed != 1:
-                        raise ConcurrentChange(f"job {p.job_id} is no longer queued")
+                        ),
+                        [
+                            {
+                                "b_job": p.job_id,
+                                "b_placement": payloads[p.job_id],
+                                "b_collective": collectives.get(p.job_id),
+                            }
+                            for p in kept
+                        ],
+                    )
                     conn.execute(
                         insert(t.server_assignments),
-                        [{"server_id": s, "job_id": p.job_id} for s in p.servers],
+                        [{"server_id": s, "job_id": p.job_id} for p in kept for s in p.servers],
                     )
-                    decisions.append(
-                        NewDecision("placement", p.job_id, reason, {"placement": payload})
-                    )
-                for job_id in examined:
+                for chunk in _chunks(list(examined)):
                     conn.execute(
-                        update(t.jobs)
-                        .where(t.jobs.c.job_id == job_id)
-                        .where(t.jobs.c.state == JobState.QUEUED.value)
+                        update(j)
+                        .where(j.c.job_id.in_(chunk))
+                        .where(j.c.state == JobState.QUEUED.value)
+                        .where(j.c.examined.is_(False))
                         .values(examined=True)
                     )
-                for job_id, why in queue_reasons.items():
+                if queue_reasons:
                     conn.execute(
-                        update(t.jobs)
-                        .where(t.jobs.c.job_id == job_id)
-                        .where(t.jobs.c.state == JobState.QUEUED.value)
-                        .where(t.jobs.c.queue_reason.is_distinct_from(why))
-                        .values(queue_reason=why)
+                        update(j)
+                        .where(j.c.job_id == bindparam("b_job"))
+                        .where(j.c.state == JobState.QUEUED.value)
+                        .where(j.c.queue_reason.is_distinct_from(bindparam("b_why")))
+                        .values(queue_reason=bindparam("b_why")),
+                        [{"b_job": k, "b_why": v} for k, v in queue_reasons.items()],
                     )
-                return append_decisions(conn, decisions, now)
+                decisions = [
+                    NewDecision("placement", p.job_id, reason, {"placement": payloads[p.job_id]})
+                    for p in kept
+                ]
+                seqs = append_decisions(conn, decisions, now)
         except IntegrityError as exc:
             raise ConcurrentChange("a server was taken by another writer") from exc
+        left = tuple(p.job_id for p in wanted if p.job_id not in queued)
+        return Admitted(tuple(p.job_id for p in kept), tuple(seqs), left)
 
     # --- outbox -----------------------------------------------------------
 
@@ -456,6 +599,7 @@ class Store:
         if pending is None:
             return 0
         with self.write_engine.begin() as conn:
+            relaxed_commit(conn)  # a mark lost in a crash only publishes the row again
             rows = conn.execute(
                 select(t.outbox.c.id, t.outbox.c.payload)
                 .where(t.outbox.c.published_at.is_(None))

@@ -75,6 +75,30 @@ decisions = Table(
     Column("job_id", String(200), nullable=True, index=True),
     Column("reason", String(16), nullable=False),
     Column("payload", JSON, nullable=False),
+    # the leader token of the worker that wrote it (null: written before fencing)
+    Column("token", BigInteger, nullable=True),
+)
+
+# The newest leader token the database has seen, per lease name. Every worker
+# transaction reads it (FOR SHARE) and is refused when a newer leader exists, so
+# a deposed leader cannot write; a new leader raises it in its first transaction.
+fencing = Table(
+    "fencing",
+    metadata,
+    Column("name", String(64), primary_key=True),
+    Column("token", BigInteger, nullable=False),
+)
+
+# Traffic reports the engine could not use, set aside with the reason; the
+# worker's cursor moves past them.
+dead_letters = Table(
+    "dead_letters",
+    metadata,
+    Column("ord", BigInteger, primary_key=True, autoincrement=False),
+    Column("job_id", String(200), nullable=True),
+    Column("reason", Text, nullable=False),
+    Column("report", JSON, nullable=False),
+    Column("at", DateTime(timezone=True), nullable=False),
 )
 
 # Named monotonic counters (decision seq, job arrival order, report order). Taking
@@ -190,4 +214,6 @@ traffic_batches = Table(
     Column("accepted", Integer, nullable=False),
     Column("last_seq", BigInteger, nullable=False),
     Column("received_at", DateTime(timezone=True), nullable=False),
+    # sha256 of the batch: the same key with another body is refused (409)
+    Column("body_hash", String(64), nullable=True),
 )

@@ -9,6 +9,8 @@ predictions and decisions it derived, so each report takes effect exactly once.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import queue
 import threading
@@ -51,6 +53,23 @@ class ReportRow:
 
 
 @dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """A consumed report the engine could not use, and why."""
+
+    report: ReportRow
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetterRecord:
+    ord: int
+    job_id: str | None
+    reason: str
+    report: dict[str, Any]
+    at: Any
+
+
+@dataclass(frozen=True, slots=True)
 class PredictionRow:
     job_id: str
     algorithm: str
@@ -58,6 +77,14 @@ class PredictionRow:
     hits: int
     misses: int
     exposed_reconfig_s: float
+
+
+class IdempotencyConflict(StoreError):
+    """An Idempotency-Key seen before with a different batch: nothing was stored."""
+
+
+def batch_hash(reports: Sequence[dict[str, Any]]) -> str:
+    return hashlib.sha256(json.dumps(list(reports), sort_keys=True).encode()).hexdigest()
 
 
 class TrafficRepository:
@@ -78,7 +105,7 @@ class TrafficRepository:
         answer is returned (a client retrying after a lost answer).
         """
         if idempotency_key is not None:
-            seen = self._batch(idempotency_key)
+            seen = self._batch(idempotency_key, batch_hash(reports))
             if seen is not None:
                 return seen
         return self.submit(reports, idempotency_key).result()
@@ -97,7 +124,8 @@ class TrafficRepository:
         The future resolves to (count, last seq) once the reports are durable;
         `after_commit` (the relay kick) runs once per transaction, not per batch.
         """
-        return self._group().submit(_Pending(list(reports), idempotency_key, after_commit))
+        digest = batch_hash(reports) if idempotency_key is not None else None
+        return self._group().submit(_Pending(list(reports), idempotency_key, after_commit, digest))
 
     def close(self) -> None:
         """Finish the batches already submitted and release the ingest connections."""
@@ -116,35 +144,42 @@ class TrafficRepository:
                 self._queue = GroupCommit(self._write_group)
             return self._queue
 
-    def _batch(self, key: str) -> tuple[int, int] | None:
+    def _batch(self, key: str, digest: str | None) -> tuple[int, int] | None:
+        """The first answer to `key`; IdempotencyConflict when it was for another batch."""
         with self.store.read_engine.connect() as conn:
             row = conn.execute(
                 select(t.traffic_batches).where(t.traffic_batches.c.key == key)
             ).first()
-        return (int(row.accepted), int(row.last_seq)) if row else None
+        if row is None:
+            return None
+        _check_same(key, row.body_hash, digest)
+        return (int(row.accepted), int(row.last_seq))
 
-    def _write_group(self, group: list[_Pending]) -> list[tuple[int, int]]:
+    def _write_group(self, group: list[_Pending]) -> list[tuple[int, int] | Exception]:
         """One transaction for every batch of `group`; (count, last seq) per batch."""
         engine = self._ingest_engine
         assert engine is not None
         answers = with_reconnect(engine, lambda conn: self._insert_group(conn, group))
         return [
-            answer if answer is not None else self._answered(p.key)
+            answer if answer is not None else self._answered(p.key, p.digest)
             for p, answer in zip(group, answers, strict=True)
         ]
 
-    def _answered(self, key: str | None) -> tuple[int, int]:
+    def _answered(self, key: str | None, digest: str | None) -> tuple[int, int] | Exception:
         """The first answer to a batch whose key another transaction stored meanwhile."""
-        seen = self._batch(key) if key is not None else None
+        try:
+            seen = self._batch(key, digest) if key is not None else None
+        except IdempotencyConflict as exc:
+            return exc
         if seen is None:
             raise StoreError(f"idempotency key {key!r} conflicted but is not stored")
         return seen
 
     def _insert_group(
         self, conn: Connection, group: list[_Pending]
-    ) -> list[tuple[int, int] | None]:
+    ) -> list[tuple[int, int] | Exception | None]:
         now = utcnow()
-        answers: list[tuple[int, int] | None] = [None] * len(group)
+        answers: list[tuple[int, int] | Exception | None] = [None] * len(group)
         plain = [i for i, p in enumerate(group) if p.key is None]
         seqs = _insert_reports(conn, [r for i in plain for r in group[i].reports], now)
         inserted = list(seqs[-1:])  # the last sequence value this transaction took
@@ -156,7 +191,7 @@ class TrafficRepository:
         keys = {p.key for p in group if p.key is not None}
         seen = (
             {
-                row.key: (int(row.accepted), int(row.last_seq))
+                row.key: (int(row.accepted), int(row.last_seq), row.body_hash)
                 for row in conn.execute(
                     select(t.traffic_batches).where(t.traffic_batches.c.key.in_(keys))
                 )
@@ -168,14 +203,23 @@ class TrafficRepository:
             if p.key is None:
                 continue
             if p.key in seen:
-                answers[i] = seen[p.key]  # a retry: the first answer, nothing stored
+                accepted, last_seq, digest = seen[p.key]
+                try:
+                    _check_same(p.key, digest, p.digest)
+                    answers[i] = (accepted, last_seq)  # a retry: the first answer, nothing stored
+                except IdempotencyConflict as exc:
+                    answers[i] = exc
                 continue
             try:
                 with conn.begin_nested():
                     last = _insert_reports(conn, p.reports, now)[-1]
                     conn.execute(
                         insert(t.traffic_batches).values(
-                            key=p.key, accepted=len(p.reports), last_seq=last, received_at=now
+                            key=p.key,
+                            accepted=len(p.reports),
+                            last_seq=last,
+                            received_at=now,
+                            body_hash=p.digest,
                         )
                     )
                 answers[i] = (len(p.reports), last)
@@ -256,8 +300,14 @@ class TrafficRepository:
         decisions: Sequence[NewDecision],
         desired: Sequence[CrossConnect] | None = None,
         attributed: Mapping[int, tuple[str, ...]] | None = None,
+        previous: Sequence[CrossConnect] | None = None,
+        dead_letters: Sequence[DeadLetter] = (),
     ) -> list[int]:
-        """Advance the cursor, upsert summaries, rewire, log decisions: one transaction."""
+        """Advance the cursor, upsert summaries, rewire, log decisions, set poison aside:
+        one transaction.
+
+        `previous`: the desired state as last written (see `replace_desired`).
+        """
         now = utcnow()
         with self.store.write_engine.begin() as conn:
             moved = conn.execute(
@@ -289,7 +339,7 @@ class TrafficRepository:
                 if not changed:
                     conn.execute(insert(t.predictions).values(job_id=p.job_id, **values))
             if desired is not None:
-                replace_desired(conn, desired)
+                replace_desired(conn, desired, previous)
             by_jobs: dict[tuple[str, ...], list[int]] = defaultdict(list)
             for seq, jobs in (attributed or {}).items():
                 by_jobs[jobs].append(seq)
@@ -299,7 +349,34 @@ class TrafficRepository:
                     .where(t.traffic_reports.c.ord.in_(seqs))
                     .values(attributed=list(jobs))
                 )
+            if dead_letters:
+                conn.execute(
+                    insert(t.dead_letters),
+                    [
+                        {
+                            "ord": d.report.seq,
+                            "job_id": d.report.job_id,
+                            "reason": d.reason,
+                            "report": {
+                                "job_id": d.report.job_id,
+                                "phase_started_at": d.report.phase_started_at,
+                                "demands": d.report.demands,
+                            },
+                            "at": now,
+                        }
+                        for d in dead_letters
+                    ],
+                )
             return append_decisions(conn, decisions, now)
+
+    def dead_letters(self, after: int = 0, limit: int = 100) -> list[DeadLetterRecord]:
+        """Reports set aside by the worker, in consumption order, after `after` (an ord)."""
+        d = t.dead_letters
+        with self.store.read_engine.connect() as conn:
+            rows = conn.execute(
+                select(d).where(d.c.ord > after).order_by(d.c.ord).limit(limit)
+            ).all()
+        return [DeadLetterRecord(r.ord, r.job_id, r.reason, r.report, r.at) for r in rows]
 
     def prediction(self, job_id: str) -> PredictionRow | None:
         with self.store.read_engine.connect() as conn:
@@ -319,6 +396,14 @@ class _Pending:
     reports: list[dict[str, Any]]
     key: str | None
     after_commit: Callable[[], None] | None
+    digest: str | None = None  # of the batch, when it has a key
+
+
+def _check_same(key: str, stored: str | None, digest: str | None) -> None:
+    if stored is not None and digest is not None and stored != digest:
+        raise IdempotencyConflict(
+            f"Idempotency-Key {key!r} was used for a different batch; use a new key"
+        )
 
 
 def _insert_reports(conn: Connection, reports: Sequence[dict[str, Any]], now: Any) -> list[int]:
@@ -358,7 +443,7 @@ class GroupCommit:
 
     def __init__(
         self,
-        write: Callable[[list[_Pending]], list[tuple[int, int]]],
+        write: Callable[[list[_Pending]], list[tuple[int, int] | Exception]],
         max_reports: int = 5000,
     ) -> None:
         self._write = write
@@ -412,7 +497,10 @@ class GroupCommit:
                 future.set_exception(exc)
             return
         for (_, future), answer in zip(group, answers, strict=True):
-            future.set_result(answer)
+            if isinstance(answer, Exception):
+                future.set_exception(answer)
+            else:
+                future.set_result(answer)
         for kick in dict.fromkeys(p.after_commit for p, _ in group if p.after_commit):
             try:
                 kick()

@@ -21,10 +21,11 @@ few periods), so a takeover never replays the traffic history.
 
 from __future__ import annotations
 
+import gc
 import logging
 import queue
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -45,11 +46,18 @@ from app.engine.controller import (
     new_controller,
     step,
 )
+from app.engine.cross_connects import CrossConnect, realised_circuits
 from app.engine.fabric import Decision
 from app.engine.plan_signature import Demand, aggregate_pod_demand, attribute_demands
 from app.store import NewDecision
 from app.store.fabric_repository import FabricRepository, PlacedJobRow
-from app.store.traffic_repository import PredictionRow, ReportRow, TrafficRepository
+from app.store.retention import Retention
+from app.store.traffic_repository import (
+    DeadLetter,
+    PredictionRow,
+    ReportRow,
+    TrafficRepository,
+)
 
 from .metrics import WorkerMetrics
 
@@ -93,6 +101,14 @@ class WorkerMemory:
     cursor: int | None = None
     base: dict[str, Accounting] = field(default_factory=dict)  # stored counts at takeover
     views: dict[str, Any] = field(default_factory=dict)  # last written collective per job
+    # placed jobs decoded once when they appear (a pass reads only the ids and the new rows)
+    rows: dict[str, PlacedJobRow] = field(default_factory=dict)
+    unviewed: set[str] = field(default_factory=set)  # jobs whose stored collective is null
+    # the desired cross-connects as stored (None: unknown, read the table when writing)
+    written: tuple[CrossConnect, ...] | None = None
+    # what each stored view was computed from: a job whose fabric entry, turn sharers
+    # and cluster are the same objects as last pass keeps its view without recomputing
+    view_inputs: dict[str, tuple[Any, int, Any]] = field(default_factory=dict)
 
 
 class FabricDriver:
@@ -115,12 +131,20 @@ class FabricDriver:
         self.clock = clock
         self.confirmations: queue.SimpleQueue[SwitchConfirmed] = queue.SimpleQueue()
         self.memory: WorkerMemory | None = None
+        # the desired cross-connects last committed, for the switch controller (None: unknown)
+        self.committed: tuple[CrossConnect, ...] | None = None
+        # told the collectives written by a pass (the scheduler's aggregator totals follow them)
+        self.on_views: Callable[[Mapping[str, dict[str, Any]]], None] | None = None
+        self.retention: Retention | None = None  # set by the wiring; run from the tick
+        self.retention_interval_s = 60.0
+        self._retained_at = float("-inf")
 
     # --- memory ---------------------------------------------------------------
 
     def reset(self) -> None:
         """Forget the memory; the next pass starts from the durable state."""
         self.memory = None
+        self.committed = None
 
     def confirmed(self, held: Iterable[tuple[str, int, int]], at_s: float | None = None) -> None:
         """Called by the switch controller (any thread) with what the switches hold."""
@@ -138,49 +162,71 @@ class FabricDriver:
         state = replace(state, desired=stored)
         memory = WorkerMemory(state)
         memory.cursor = self.traffic.cursor()
+        memory.written = stored
+        self.committed = stored
         return memory
 
     # --- one pass ----------------------------------------------------------------
 
     def sync(self, reason: str, *, force: bool = False) -> FabricPassResult:
         """Placements, failed ports, confirmations and the clock into the controller."""
+        loading = self.memory is None
         if self.memory is None:
             self.memory = self._load()
             force = True
         memory = self.memory
         now = self.clock()
         events: list[Event] = self._drain()
-        rows = self.fabric.load_placed_jobs()
+        ids = self.fabric.placed_job_ids()
         failed = self.fabric.load_failed_ports()
         if failed != memory.failed:
             memory.failed = failed
             events.append(PortsChanged(without_failed_ports(self.cluster, failed), now))
-        current = {r.job.job_id: r for r in rows}
+        current = set(ids)
         for gone in [j for j in memory.placed if j not in current]:
             events.append(JobCompleted(gone, now))
             del memory.placed[gone]
             memory.views.pop(gone, None)
-        fresh = [r for r in rows if r.job.job_id not in memory.placed]
+            memory.view_inputs.pop(gone, None)
+            memory.rows.pop(gone, None)
+            memory.unviewed.discard(gone)
+        new_ids = [j for j in ids if j not in memory.placed]
+        fresh = self.fabric.load_placed_jobs(new_ids) if new_ids else []
         for row in fresh:
             events.append(JobPlaced(row.job, row.placement, now))
             memory.placed[row.job.job_id] = row.placement.servers
+            memory.rows[row.job.job_id] = row
+            if row.collective is None:
+                memory.unviewed.add(row.job.job_id)
         if fresh:
             self._take_stored_counts(memory, [r.job.job_id for r in fresh])
         events.append(Tick(now))
         decisions = self._apply(events)
-        changed_views = self._views(current)
+        if loading:
+            # every placed job's plan is now in memory for the leader's lifetime: take
+            # it out of the collector's generations so full collections stay short
+            gc.freeze()
+        changed_views = self._views()
         if not decisions and not changed_views and not force:
             return FabricPassResult(False, (), ())
         state = memory.state
         facts = {
             "mlu": state.fabric.mlu if state.fabric else 0.0,
-            "pod_circuits": state.fabric.pod_circuits.to_dict() if state.fabric else {},
+            "pod_circuits": realised_circuits(state.cluster, state.desired).to_dict(),
             "time_division": list(state.turn_order),
             "unmapped": [list(u) for u in state.fabric.unmapped] if state.fabric else [],
         }
         seqs = self.fabric.record_fabric(
-            state.desired, changed_views, [decision_payload(d) for d in decisions], facts
+            state.desired,
+            changed_views,
+            [decision_payload(d) for d in decisions],
+            facts,
+            previous=memory.written,
         )
+        memory.written = self.committed = state.desired
+        memory.unviewed.difference_update(changed_views)
+        if changed_views and self.on_views is not None:
+            self.on_views(changed_views)
         if decisions:
             log.info(
                 "fabric decided",
@@ -222,20 +268,35 @@ class FabricDriver:
         self.metrics.prediction_held.inc(after.held - before.held)
         self.metrics.exposed_reconfig.inc(after.exposed_s - before.exposed_s)
 
-    def _views(self, rows: dict[str, PlacedJobRow]) -> dict[str, dict[str, Any]]:
-        """Stored `collective` (with `network`) of jobs whose view changed."""
-        assert self.memory is not None
-        state = self.memory.state
+    def _views(self) -> dict[str, dict[str, Any]]:
+        """Stored `collective` (with `network`) of jobs whose view changed.
+
+        A view is recomputed only for jobs whose inputs changed (their fabric
+        entry, the number of jobs taking turns, the usable cluster), so a pass
+        costs what the change touched, not one view per running job.
+        """
+        memory = self.memory
+        assert memory is not None
+        state = memory.state
         out: dict[str, dict[str, Any]] = {}
         if state.fabric is None:
             return out
+        sharers = len(state.turn_order)
         for jf in state.fabric.jobs:
+            inputs = (jf, sharers, state.cluster)
+            seen = memory.view_inputs.get(jf.job_id)
+            if (
+                seen is not None
+                and all(a is b for a, b in zip(seen, inputs, strict=True))
+                and jf.job_id not in memory.unviewed
+            ):
+                continue
             view = network_view(state, jf.job_id)
             body = collective_json(jf.collective, view.to_dict() if view else None)
-            row = rows.get(jf.job_id)
-            if self.memory.views.get(jf.job_id) != body or (row and row.collective is None):
+            memory.view_inputs[jf.job_id] = inputs
+            if memory.views.get(jf.job_id) != body or jf.job_id in memory.unviewed:
                 out[jf.job_id] = body
-                self.memory.views[jf.job_id] = body
+                memory.views[jf.job_id] = body
         return out
 
     def _take_stored_counts(self, memory: WorkerMemory, job_ids: list[str]) -> None:
@@ -262,7 +323,16 @@ class FabricDriver:
             if not self._consume_batch():
                 break
             did = True
+        self.retain()
         return did
+
+    def retain(self) -> None:
+        """Delete rows past their retention window, at most every `retention_interval_s`."""
+        now = time.monotonic()
+        if self.retention is None or now - self._retained_at < self.retention_interval_s:
+            return
+        self._retained_at = now
+        self.retention.run()
 
     def _consume_batch(self) -> bool:
         memory = self.memory
@@ -271,28 +341,54 @@ class FabricDriver:
         if not reports:
             return False
         by_server = {s: j for j, servers in memory.placed.items() for s in servers}
-        events: list[Event] = self._drain()
         attributed: dict[int, tuple[str, ...]] = {}
         touched: set[str] = set()
+        dead: list[DeadLetter] = []
         now = self.clock()
+        decisions = self._apply(self._drain())
         for report in reports:
-            groups = _groups(report, by_server)
+            # one report at a time: a report the engine cannot use is set aside with
+            # its reason and the cursor moves past it, instead of failing every pass
+            try:
+                groups = _groups(report, by_server)
+                events: list[Event] = [
+                    PhaseObserved(
+                        job_id,
+                        aggregate_pod_demand(self.cluster, demands),
+                        report.phase_started_at,
+                        now,
+                    )
+                    for job_id, demands in groups.items()
+                ]
+                decisions += self._apply(events)
+            except Exception as exc:
+                log.warning(
+                    "traffic report set aside",
+                    extra={"ord": report.seq, "job_id": report.job_id, "error": repr(exc)},
+                )
+                dead.append(DeadLetter(report, f"{type(exc).__name__}: {exc}"[:500]))
+                attributed[report.seq] = ()
+                continue
             attributed[report.seq] = tuple(sorted(groups))
-            for job_id, demands in groups.items():
-                demand = aggregate_pod_demand(self.cluster, demands)
-                events.append(PhaseObserved(job_id, demand, report.phase_started_at, now))
-                touched.add(job_id)
-        decisions = self._apply(events)
+            touched.update(groups)
         cursor = reports[-1].seq
         state = memory.state
         touched |= {d.job_id for d in decisions if d.job_id}
-        self.traffic.commit_predictions(
+        seqs = self.traffic.commit_predictions(
             cursor,
             [self.summary(j) for j in sorted(touched) if state.cycle(j) is not None],
             [decision_payload(d) for d in decisions],
             desired=state.desired if decisions else None,
             attributed=attributed,
+            previous=memory.written,
+            dead_letters=dead,
         )
+        if dead:
+            self.metrics.dead_letters.inc(len(dead))
+        if decisions:
+            # no seqs: a duplicate pass wrote nothing, so what the table holds is unknown
+            memory.written = state.desired if seqs else None
+            self.committed = memory.written
         memory.cursor = cursor
         self.metrics.traffic_reports.inc(len(reports))
         return True

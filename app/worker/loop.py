@@ -4,6 +4,13 @@ A periodic tick runs the same handlers with no message, so state recorded by
 the API is acted on even if its message was lost (the durable row is the
 truth; messages are only wake-ups). Messages are acknowledged only after the
 effects of the pass are committed.
+
+Scheduling runs ahead of fabric work (`run`): the message thread admits jobs
+and acknowledges; the fabric pass (placements into the controller, desired
+cross-connects, traffic reports) runs on its own thread, coalesced over
+whatever arrived meanwhile, so "placed" never waits for another job's circuits.
+Both passes are level-triggered from the database, so an acknowledged message
+whose fabric pass has not run yet is still acted on (the tick, a new leader).
 """
 
 from __future__ import annotations
@@ -11,14 +18,15 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
-from typing import Protocol
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
 
 from app.bus.messages import AdmitJob, CompleteJob, Delivery, JobsChanged, Message, ReportTraffic
 from app.engine.cluster import Cluster
 from app.engine.job_lease import expired_leases
 from app.settings import Settings
-from app.store import Store
+from app.store import PlacedCache, Store
+from app.store.fencing import Fenced
 
 from .fabric_driver import FabricDriver
 from .metrics import WorkerMetrics
@@ -59,7 +67,15 @@ class Worker:
         self.metrics = metrics
         self.on_fabric_change = on_fabric_change
         self.passes = 0
+        # run first on the fabric thread (the process binds it to the lease's fence)
+        self.thread_init: Callable[[], None] = lambda: None
         self.replan = threading.Event()
+        self.placed = PlacedCache()  # scheduling's memory of placed jobs
+        driver.on_views = self._collectives_written
+        self._fabric_due = threading.Event()
+        self._fabric_lock = threading.Lock()
+        self._fabric_reason: str | None = None
+        self._reset_fabric = False
         self.handlers: dict[type, tuple[Callable[[str, set[str]], None], ...]] = {
             AdmitJob: (self.admit, self.sync_fabric),
             CompleteJob: (self.admit, self.sync_fabric),
@@ -96,9 +112,10 @@ class Worker:
         if changed:
             self.bus.announce(JobsChanged(tuple(sorted(changed))))
 
-    def admit(self, reason: str, changed: set[str]) -> None:
+    def admit(self, reason: str, changed: set[str], *, leases_checked: bool = False) -> None:
         """Serve the queue; launchers waiting for placement hear of it before the fabric."""
-        expired = self.expire_leases()  # lapsed leases free servers before admission
+        # lapsed leases free servers before admission
+        expired = set() if leases_checked else self.expire_leases()
         start = time.perf_counter()
         result = schedule(
             self.store,
@@ -106,6 +123,7 @@ class Worker:
             self.settings.queue_policy,
             backfill=self.settings.backfill,
             reason=reason,
+            cache=self.placed,
         )
         self.metrics.placement_seconds.observe(time.perf_counter() - start)
         self.metrics.jobs_placed.inc(len(result.placed))
@@ -117,6 +135,9 @@ class Worker:
 
     def sync_fabric(self, reason: str, changed: set[str]) -> None:
         """Placements, completions, failed ports, confirmations and turns into the controller."""
+        if self._reset_fabric:
+            self._reset_fabric = False
+            self.driver.reset()
         start = time.perf_counter()
         forced = self.replan.is_set()
         self.replan.clear()
@@ -140,13 +161,81 @@ class Worker:
         self.replan.set()
 
     def take_over(self) -> None:
-        """Forget the worker memory: a new leader starts from the durable state."""
-        self.driver.reset()
+        """Forget the worker memory: a new leader starts from the durable state.
+
+        The fabric memory is dropped by the fabric pass itself (its next pass),
+        so a pass under way on the other thread never sees it vanish.
+        """
+        self._reset_fabric = True
+        self.placed.clear()
         self.replan.set()
+        self._fabric_due.set()
+
+    def _collectives_written(self, views: Mapping[str, dict[str, Any]]) -> None:
+        for job_id, collective in views.items():
+            self.placed.set_collective(job_id, collective)
+
+    # --- the two threads of `run` --------------------------------------------
+
+    def admit_pass(self, messages: list[Message]) -> None:
+        """Admission for what woke us; the fabric pass is only requested."""
+        expired = self.expire_leases()
+        reason = "reconcile"
+        if expired or any(isinstance(m, CompleteJob) for m in messages):
+            reason = "completion"
+        elif any(isinstance(m, AdmitJob) for m in messages):
+            reason = "arrival"
+        if not messages or expired or any(isinstance(m, AdmitJob | CompleteJob) for m in messages):
+            changed = {m.job_id for m in messages if isinstance(m, AdmitJob | CompleteJob)}
+            self.admit(reason, changed | expired, leases_checked=True)
+        self.passes += 1
+        self.request_fabric(reason)
+
+    def request_fabric(self, reason: str) -> None:
+        """Ask the fabric thread for a pass; reasons coalesce to the strongest."""
+        rank = {"reconcile": 0, "arrival": 1, "completion": 2}
+        with self._fabric_lock:
+            if self._fabric_reason is None or rank[reason] > rank[self._fabric_reason]:
+                self._fabric_reason = reason
+        self._fabric_due.set()
+
+    def fabric_pass(self) -> None:
+        """One coalesced fabric pass: placements, failed ports, confirmations, traffic."""
+        with self._fabric_lock:
+            reason = self._fabric_reason or "reconcile"
+            self._fabric_reason = None
+        changed: set[str] = set()
+        self.sync_fabric(reason, changed)
+        self.consume_traffic(reason, changed)
+        if changed:
+            self.bus.announce(JobsChanged(tuple(sorted(changed))))
+
+    def _run_fabric(self, stop: threading.Event, is_leader: Callable[[], bool]) -> None:
+        self.thread_init()
+        backoff_s = 0.1
+        while not stop.is_set():
+            self._fabric_due.wait(self.settings.worker_tick_s)
+            self._fabric_due.clear()
+            if stop.is_set() or not is_leader():
+                continue
+            try:
+                self.fabric_pass()
+                backoff_s = 0.1
+            except Exception:
+                log.exception("fabric pass failed; retrying from the durable state")
+                self._reset_fabric = True
+                self.replan.set()
+                stop.wait(backoff_s)
+                backoff_s = min(backoff_s * 2, 5.0)
+                self._fabric_due.set()
 
     def run(self, stop: threading.Event, is_leader: Callable[[], bool] = lambda: True) -> None:
         """Loop until `stop` is set; errors are logged and retried after a pause."""
         log.info("worker started", extra={"cluster": self.cluster.name})
+        fabric = threading.Thread(
+            target=self._run_fabric, args=(stop, is_leader), name="fabric-pass", daemon=True
+        )
+        fabric.start()
         backoff_s = 0.1
         while not stop.is_set():
             if not is_leader():
@@ -154,12 +243,20 @@ class Worker:
                 continue
             deliveries = self.bus.consume(self.settings.worker_tick_s)
             try:
-                self.handle([d.message for d in deliveries])
+                self.admit_pass([d.message for d in deliveries])
                 self.bus.ack(deliveries)
                 backoff_s = 0.1
+            except Fenced as exc:
+                # a newer leader exists, or our lease lapsed mid-pass: nothing was written
+                log.warning("worker pass refused by the fence", extra={"detail": str(exc)})
+                self.take_over()
+                time.sleep(backoff_s)
+                backoff_s = min(backoff_s * 2, 5.0)
             except Exception:
                 log.exception("worker pass failed; retrying from the durable state")
                 self.take_over()
                 time.sleep(backoff_s)
                 backoff_s = min(backoff_s * 2, 5.0)
+        self._fabric_due.set()
+        fabric.join(timeout=10)
         log.info("worker stopped")

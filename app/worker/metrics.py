@@ -47,6 +47,11 @@ class WorkerMetrics:
             "Traffic reports fed to the predictor",
             registry=r,
         )
+        self.dead_letters = Counter(
+            "lightpath_traffic_dead_letters",
+            "Traffic reports the engine could not use, set aside with the reason",
+            registry=r,
+        )
         self.prediction_hits = Counter(
             "lightpath_prediction_hits",
             "Phases whose planned topology the switches confirmed before the phase began",

@@ -16,7 +16,7 @@ from app.engine.cluster import Cluster
 from app.engine.job import Job
 from app.engine.placement import place_job
 from app.engine.queue import Admission, QueuePolicy, admit_queued
-from app.store import ConcurrentChange, Snapshot, Store
+from app.store import ConcurrentChange, PlacedCache, Snapshot, Store
 
 log = logging.getLogger("lightpath.worker")
 
@@ -62,10 +62,14 @@ def schedule(
     *,
     backfill: bool,
     reason: str,
+    cache: PlacedCache | None = None,
 ) -> SchedulingResult:
-    """Admit what fits now; retried on a concurrent change (e.g. a job completed meanwhile)."""
+    """Admit what fits now; retried on a concurrent change (e.g. a job completed meanwhile).
+
+    `cache`: the worker's memory of placed jobs, so a pass reads only what changed.
+    """
     for _attempt in range(MAX_ATTEMPTS):
-        snapshot = store.load_snapshot()
+        snapshot = store.load_snapshot(cache)
         if not snapshot.queued:
             return SchedulingResult((), (), ())
         free = frozenset(cluster.server_ids).difference(snapshot.used)
@@ -86,7 +90,7 @@ def schedule(
             busy_until=snapshot.busy_until,
         )
         try:
-            seqs = store.record_admission(
+            written = store.record_admission(
                 admission.placements,
                 examined=snapshot.unexamined,
                 queue_reasons=queue_reasons(cluster, snapshot, admission),
@@ -97,11 +101,15 @@ def schedule(
                 "scheduling pass raced a concurrent change, retrying", extra={"detail": str(exc)}
             )
             continue
-        placed = tuple(p.job_id for p in admission.placements)
-        for p, seq in zip(admission.placements, seqs, strict=True):
+        if written.left:
+            # a completion or cancel during the pass: those jobs are gone, the other
+            # placements stand; the freed servers are used by the next pass
+            log.info("jobs left the queue during admission", extra={"jobs": list(written.left)})
+        servers = {p.job_id: len(p.units) for p in admission.placements}
+        for job_id, seq in zip(written.placed, written.seqs, strict=True):
             log.info(
                 "job placed",
-                extra={"job_id": p.job_id, "seq": seq, "servers": len(p.units), "reason": reason},
+                extra={"job_id": job_id, "seq": seq, "servers": servers[job_id], "reason": reason},
             )
-        return SchedulingResult(placed, tuple(snapshot.unexamined), tuple(seqs))
+        return SchedulingResult(written.placed, tuple(snapshot.unexamined), written.seqs)
     raise ConcurrentChange(f"scheduling did not settle after {MAX_ATTEMPTS} attempts")

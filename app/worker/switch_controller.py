@@ -1,9 +1,11 @@
 """The southbound controller: converge the switches to the desired cross-connects.
 
 A level-triggered loop in its own thread (so a slow or unreachable switch never
-stalls scheduling): each pass reads the desired state from the database (the
-decision log's result) and what the switches hold, applies the difference with
-retries, and records what they confirmed. It runs after every fabric change,
+stalls scheduling): each pass takes the desired state the worker last committed
+(in this process; else it reads the database) and what the switches hold,
+applies the difference with retries, and records what they confirmed: only the
+ports whose read-back changed are written, and failed ports come from that
+memory of the confirmed table (read once by a new leader). It runs after every fabric change,
 when a pass asks to be requeued, and at least every `resync_s` to notice drift
 such as a failed port. Only the leader runs it.
 """
@@ -12,9 +14,10 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from app.engine.cluster import Cluster
+from app.engine.cross_connects import CrossConnect
 from app.southbound import SouthboundDriver
 from app.southbound.reconcile import ReconcileResult, RetryPolicy, reconcile
 from app.store.fabric_repository import ConfirmedOxc, FabricRepository
@@ -35,6 +38,7 @@ class SwitchController:
         resync_s: float = 5.0,
         on_failed_ports: Callable[[], None] | None = None,
         on_confirmed: Callable[[frozenset[tuple[str, int, int]]], None] | None = None,
+        desired_source: Callable[[], Sequence[CrossConnect] | None] | None = None,
     ) -> None:
         self.repo = repo
         self.driver = driver
@@ -43,6 +47,10 @@ class SwitchController:
         self.resync_s = resync_s
         self.on_failed_ports = on_failed_ports
         self.on_confirmed = on_confirmed
+        # the desired state as last committed by the worker (same process); None: read it
+        self.desired_source = desired_source
+        # what the confirmed-ports table holds (None: unknown, loaded on the next pass)
+        self._saved: dict[str, ConfirmedOxc] | None = None
         self._held: dict[str, frozenset[tuple[str, int, int]]] = {}
         self.policy = RetryPolicy()
         self._kick = threading.Event()
@@ -56,13 +64,23 @@ class SwitchController:
     def run_once(self) -> ReconcileResult:
         """One pass; serialised so two callers never reconcile at once."""
         with self._lock:
-            before = self.repo.load_failed_ports()
-            desired = self.repo.desired_by_oxc(o.id for o in self.cluster.oxcs)
-            result = reconcile(self.driver, desired, policy=self.policy)
-            self.repo.save_confirmed(
-                ConfirmedOxc(o, c.cross_connects, c.failed_ports)
-                for o, c in result.confirmed.items()
-            )
+            try:
+                saved = self._saved if self._saved is not None else self.repo.load_confirmed()
+                before = _failed(saved)
+                result = reconcile(self.driver, self._desired(), policy=self.policy)
+                changed = [
+                    ConfirmedOxc(o, c.cross_connects, c.failed_ports)
+                    for o, c in result.confirmed.items()
+                    if saved.get(o, ConfirmedOxc(o, frozenset(), frozenset()))
+                    != ConfirmedOxc(o, c.cross_connects, c.failed_ports)
+                ]
+                if changed:  # only the switches whose read-back changed, only their ports
+                    self.repo.save_confirmed(changed, previous=saved)
+                self._saved = {**saved, **{c.oxc_id: c for c in changed}}
+            except Exception:
+                self._saved = None  # unknown after a failed write: read the table next time
+                raise
+            after = _failed(self._saved)
             self.passes += 1
             self.last = result
         if self.on_confirmed is not None:
@@ -75,10 +93,24 @@ class SwitchController:
         for err in result.errors:
             self.metrics.reconcile_errors.labels(err.code).inc()
         self.metrics.converged.set(1 if result.converged else 0)
-        after = self.repo.load_failed_ports()
         if (after != before or result.needs_replan) and self.on_failed_ports is not None:
             self.on_failed_ports()  # the planner moves circuits off failed ports
         return result
+
+    def reset(self) -> None:
+        """Forget what the confirmed table holds (a new leader reads it once)."""
+        with self._lock:
+            self._saved = None
+
+    def _desired(self) -> dict[str, set[tuple[int, int, str]]]:
+        """Every OXC's desired cross-connects: the worker's last commit, else the table."""
+        committed = self.desired_source() if self.desired_source is not None else None
+        if committed is None:
+            return self.repo.desired_by_oxc(o.id for o in self.cluster.oxcs)
+        desired: dict[str, set[tuple[int, int, str]]] = {o.id: set() for o in self.cluster.oxcs}
+        for cc in committed:
+            desired.setdefault(cc.oxc_id, set()).add((cc.port_a, cc.port_b, cc.job_id))
+        return desired
 
     def run(self, stop: threading.Event, is_leader: Callable[[], bool] = lambda: True) -> None:
         wait_s = 0.0
@@ -96,3 +128,7 @@ class SwitchController:
             except Exception:
                 log.exception("reconciliation pass failed; retrying")
                 wait_s = min(self.resync_s, 1.0)
+
+
+def _failed(confirmed: dict[str, ConfirmedOxc]) -> dict[str, frozenset[int]]:
+    return {o: c.failed_ports for o, c in confirmed.items() if c.failed_ports}

@@ -169,6 +169,16 @@ def _round_trip(c: httpx.Client, job_id: str, encode: bool) -> None:
     assert c.get(path, params={"wait_for": "placed", "timeout_s": 1}).json()["state"] == "placed"
     assert c.post(path + "/heartbeat").status_code == 200
     assert c.get("/v1/predictions/" + path.rsplit("/", 1)[1]).status_code == 200
+    server_id = submitted.json()["placement"]["units"][0]["server"]
+    other = next(s for s in ("pod-3/tor-1/srv-3", "pod-0/tor-0/srv-0") if s != server_id)
+    report = {
+        "job_id": job_id,
+        "phase_started_at": 1.0,
+        "demands": [{"src": server_id, "dst": other, "bytes": 1.0}],
+    }
+    assert c.post("/v1/traffic", json={"reports": [report]}).status_code == 202
+    listed = c.get("/v1/jobs", params={"state": "placed", "limit": 1000}).json()["jobs"]
+    assert job_id in {j["job_id"] for j in listed}
     ending = {
         0: lambda: c.post(path + "/complete"),
         1: lambda: c.delete(path),
@@ -206,3 +216,23 @@ def test_every_id_the_pattern_admits_round_trips_through_every_route(server: Liv
             assert refused.status_code == 422, bad
             assert refused.json()["errors"][0]["field"] == "body.job_id"
     assert len(seen) > 20
+
+
+def test_easy_backfill_admits_a_short_job_on_the_heads_reservation(server: LiveServer) -> None:
+    with server.client() as c:
+        running = c.post("/v1/jobs", json=job("running", dp=16, pp=1, walltime_s=600))
+        assert running.status_code == 201
+        # The head needs the whole cluster: its reserved start is when "running" ends.
+        assert c.post("/v1/jobs", json=job("head", dp=32, pp=1)).status_code == 202
+        short = c.post("/v1/jobs", json=job("short", dp=4, pp=1, walltime_s=60))
+        assert short.status_code == 201, "ends before the head's reserved start"
+        too_long = c.post("/v1/jobs", json=job("too-long", dp=4, pp=1, walltime_s=3600))
+        unknown = c.post("/v1/jobs", json=job("unknown", dp=4, pp=1))
+        # Either would still hold servers when the head may start: both wait.
+        assert (too_long.status_code, unknown.status_code) == (202, 202)
+        assert free_servers(c) == SMALL_SERVERS - 16 - 4
+        c.post("/v1/jobs/running/complete")
+        c.post("/v1/jobs/short/complete")
+        head = c.get("/v1/jobs/head", params={"wait_for": "placed", "timeout_s": 20}).json()
+        assert head["state"] == "placed"
+        assert c.get("/v1/jobs/too-long").json()["state"] == "queued"

@@ -90,7 +90,9 @@ def test_zero_latency_reactive_equals_ideal_where_circuits_suffice():
         assert b.end_s == pytest.approx(a.end_s, rel=1e-12)
         assert b.exposed_s == 0.0
     slow = simulate(cluster, workload, "reactive", reconfig_ms=25.0)
-    assert slow.jobs[0].end_s > ideal.jobs[0].end_s  # the same fabric with a real OXC
+    # one phase per iteration on its own topology: the rule never rewires what cannot pay
+    assert slow.jobs[0].reconfigurations == 1  # the placement install only
+    assert slow.jobs[0].end_s == pytest.approx(ideal.jobs[0].end_s, rel=1e-12)
 
 
 def test_single_job_matches_hand_computed_iteration_time():
@@ -108,7 +110,9 @@ def test_single_job_matches_hand_computed_iteration_time():
         r = simulate(cluster, pipe, policy)
         assert r.jobs[0].end_s == pytest.approx(100 * (span + opt), rel=1e-12), policy
         r = simulate(cluster, dp, policy)
-        assert r.jobs[0].end_s == pytest.approx(100 * (m * (f + b) + ring + opt), rel=1e-12)
+        # 2e9 parameters = 50 buckets of 40M: all but the last overlap the last backward
+        exposed = max(ring / 50, ring - b * (1 - 1 / 50))
+        assert r.jobs[0].end_s == pytest.approx(100 * (m * (f + b) + exposed + opt), rel=1e-12)
 
 
 @pytest.mark.parametrize("policy", POLICIES)
@@ -134,7 +138,7 @@ def test_runs_are_deterministic_for_a_seed():
         assert one == two
     summary = summarize(simulate(cluster, workload, "lightpath", seed=11))
     assert set(SUMMARY_FIELDS) <= set(summary)
-    assert summary["prediction_hits"] > 0
+    assert summary["prediction_hits"] + summary["prediction_held"] > 0
 
 
 def test_ecmp_polarisation_depends_on_the_seed_and_hurts():

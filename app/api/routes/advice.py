@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Annotated, Any
 
 from fastapi import APIRouter
@@ -23,7 +25,27 @@ from ..schemas import AdviceIn, AdviceOut
 router = APIRouter(prefix="/v1/advice", tags=["advice"])
 
 
-@router.post("/batch-size", response_model=AdviceOut, summary="Largest micro-batch that fits")
+@contextmanager
+def numbers_in_range() -> Iterator[None]:
+    """Each number may be finite while the memory model's products are not (e.g.
+    `parameters: 1e308` times bytes per parameter): that is the caller's input, a 422."""
+    try:
+        yield
+    except (OverflowError, ZeroDivisionError) as exc:
+        raise Problem(
+            422,
+            "Numbers out of range",
+            f"the memory model overflows with these numbers ({exc}); use realistic sizes",
+            kind="out-of-range",
+        ) from exc
+
+
+@router.post(
+    "/batch-size",
+    response_model=AdviceOut,
+    summary="Largest micro-batch that fits",
+    operation_id="adviseBatchSize",
+)
 async def advise_batch_size(
     body: AdviceIn, _services: ServicesDep, _scope: Annotated[Any, require("launcher")]
 ) -> JSONResponse:
@@ -50,7 +72,8 @@ async def advise_batch_size(
         zero_stage=m.zero_stage,
         microbatches_in_flight=in_flight(PipelineSchedule(body.schedule), par.pp, m.microbatches),
     )
-    advice = max_microbatch(setup, body.gpu_memory_bytes)
+    with numbers_in_range():
+        advice = max_microbatch(setup, body.gpu_memory_bytes)
     return JSONResponse(
         {
             "max_microbatch": advice.max_microbatch,
@@ -64,12 +87,13 @@ def refuse_if_out_of_memory(services: Services, job: Job) -> None:
     """Admission: a job whose stated plan cannot fit GPU memory gets 422 and the breakdown."""
     settings = services.settings
     zero = job.model.zero_stage if job.model and job.model.zero_stage is not None else None
-    check = check_job_memory(
-        job,
-        settings.gpu_memory_bytes,
-        tp=services.cluster.gpus_per_server,
-        zero_stage=settings.default_zero_stage if zero is None else zero,
-    )
+    with numbers_in_range():
+        check = check_job_memory(
+            job,
+            settings.gpu_memory_bytes,
+            tp=services.cluster.gpus_per_server,
+            zero_stage=settings.default_zero_stage if zero is None else zero,
+        )
     if check is None or check.fits:
         return
     raise Problem(

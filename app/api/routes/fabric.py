@@ -13,7 +13,7 @@ from app.engine.cross_connects import CrossConnect, realised_circuits
 from app.store import DecisionRecord
 
 from ..deps import Services, ServicesDep, require
-from ..schemas import DecisionPage
+from ..schemas import ClusterOut, DecisionPage, TopologyOut
 
 router = APIRouter(prefix="/v1", tags=["fabric"])
 
@@ -45,7 +45,12 @@ def render_decision(d: DecisionRecord) -> dict[str, Any]:
     return out
 
 
-@router.get("/cluster", summary="The cluster with live free/used state")
+@router.get(
+    "/cluster",
+    response_model=ClusterOut,
+    summary="The cluster with live free/used state",
+    operation_id="getCluster",
+)
 async def get_cluster(services: ServicesDep, _scope: Annotated[Any, require()]) -> JSONResponse:
     """Pods, ToRs, servers (free or held by which job) and OXCs, plus totals."""
     snapshot = await run_in_threadpool(services.store.load_snapshot)
@@ -66,20 +71,25 @@ async def get_cluster(services: ServicesDep, _scope: Annotated[Any, require()]) 
     return JSONResponse(body)
 
 
-@router.get("/decisions", response_model=DecisionPage, summary="The decision log, in seq order")
+@router.get(
+    "/decisions",
+    response_model=DecisionPage,
+    summary="The decision log, in seq order",
+    operation_id="listDecisions",
+)
 async def list_decisions(
     services: ServicesDep,
     _scope: Annotated[Any, require()],
-    after: Annotated[int, Query(ge=0, description="last seq already processed")] = 0,
+    after: Annotated[int, Query(ge=0, le=2**63 - 1, description="last seq already processed")] = 0,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> JSONResponse:
     """Decisions with seq > `after`, gap-free.
 
-    `next` is the first seq not in this page (the last one + 1): resume with
-    `after=next-1`, i.e. the last seq you processed.
+    `next` is the `after` to pass for the next page: the last seq in this page
+    (the `after` asked for when there is nothing newer yet).
     """
     records = await run_in_threadpool(services.store.decisions_after, after, limit)
-    next_after = (records[-1].seq if records else after) + 1
+    next_after = records[-1].seq if records else after
     return JSONResponse({"decisions": [render_decision(d) for d in records], "next": next_after})
 
 
@@ -129,7 +139,12 @@ def topology_view(services: Services) -> dict[str, Any]:
     return body
 
 
-@router.get("/topology", summary="Cross-connects the switches confirmed, and desired ones")
+@router.get(
+    "/topology",
+    response_model=TopologyOut,
+    summary="Cross-connects the switches confirmed, and desired ones",
+    operation_id="getTopology",
+)
 async def get_topology(services: ServicesDep, _scope: Annotated[Any, require()]) -> JSONResponse:
     """What the OXCs hold now (as last confirmed), `desired` where it differs, MLU."""
     return JSONResponse(await run_in_threadpool(topology_view, services))

@@ -233,7 +233,7 @@ async def get_job(
         if cached is not None:
             return Response(cached, media_type="application/json")
         generation = cache.generation()
-        record = services.store.get_job(job_id)
+        record = await run_in_threadpool(services.store.get_job, job_id)
         if record is not None:
             view = json.dumps(render_job(record), separators=(",", ":")).encode()
             cache.put(job_id, view, generation)
@@ -256,7 +256,9 @@ async def list_jobs(
     services: ServicesDep,
     _scope: Annotated[Any, require("launcher")],
     state: Literal["queued", "placed", "completed", "failed", "cancelled"] | None = None,
-    after: Annotated[int, Query(ge=0, description="submission order to start after")] = 0,
+    after: Annotated[
+        int, Query(ge=0, le=2**63 - 1, description="submission order to start after")
+    ] = 0,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> JSONResponse:
     """Jobs in submission order, a page at a time."""

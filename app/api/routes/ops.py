@@ -8,16 +8,30 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.concurrency import run_in_threadpool
 
 from ..deps import ServicesDep
+from ..problems import problem_response
+from ..schemas import HealthOut, ReadyOut
 
 router = APIRouter(tags=["operations"])
 
 
-@router.get("/healthz", summary="The process is alive")
+@router.get(
+    "/healthz", response_model=HealthOut, summary="The process is alive", operation_id="getHealth"
+)
 async def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@router.get("/readyz", summary="Database, event bus and southbound reachable")
+@router.get(
+    "/readyz",
+    response_model=ReadyOut,
+    summary="Database, event bus and southbound reachable",
+    operation_id="getReadiness",
+    responses={
+        503: {
+            "description": "a dependency is unreachable; the problem's `checks` say which",
+        }
+    },
+)
 async def readyz(services: ServicesDep) -> JSONResponse:
     checks: dict[str, str] = {}
 
@@ -32,14 +46,19 @@ async def readyz(services: ServicesDep) -> JSONResponse:
     await run_in_threadpool(probe, "bus", services.bus.ping)
     if services.southbound is not None:
         await run_in_threadpool(probe, "southbound", services.southbound.list_oxcs)
-    ready = all(v == "ok" for v in checks.values())
-    return JSONResponse(
-        {"status": "ready" if ready else "not ready", "checks": checks},
-        status_code=200 if ready else 503,
-    )
+    if all(v == "ok" for v in checks.values()):
+        return JSONResponse({"status": "ready", "checks": checks})
+    down = ", ".join(f"{k}: {v}" for k, v in checks.items() if v != "ok")
+    return problem_response(503, "Not ready", down, kind="not-ready", extra={"checks": checks})
 
 
-@router.get("/metrics", summary="Prometheus metrics", response_class=Response)
+@router.get(
+    "/metrics",
+    summary="Prometheus metrics",
+    response_class=Response,
+    operation_id="getMetrics",
+    responses={200: {"content": {CONTENT_TYPE_LATEST: {"schema": {"type": "string"}}}}},
+)
 async def metrics(services: ServicesDep) -> Response:
     registry = services.metrics.registry
     data = await run_in_threadpool(generate_latest, registry)

@@ -6,25 +6,42 @@ import asyncio
 import math
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Header
+from fastapi import APIRouter, Header, Query
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
+from app.store.traffic_repository import IdempotencyConflict
+
 from ..deps import Services, ServicesDep, require
 from ..problems import Problem
-from ..schemas import PredictionOut, TrafficAccepted, TrafficIn
+from ..schemas import DeadLetterPage, PredictionOut, TrafficAccepted, TrafficIn
 from .jobs import JobIdPath
 
 router = APIRouter(prefix="/v1", tags=["telemetry"])
-_PROBLEMS = {"application/problem+json": {"schema": {"$ref": "#/components/schemas/Problem"}}}
+
+
+# A phase's bytes, summed over its demands, must stay far from float overflow: the
+# engine sums them per pod pair and divides and takes logs of the sums. 1e30 bytes
+# (a million yottabytes) is beyond any real phase.
+MAX_REPORT_BYTES = 1e30
 
 
 def _check_servers(services: Services, batch: TrafficIn) -> list[list[Any]]:
-    """Each report's demands as [src, dst, bytes]; refuses the batch on unknown servers."""
+    """Each report's demands as [src, dst, bytes]; refuses the batch on unknown servers
+    or a report whose bytes sum past `MAX_REPORT_BYTES`."""
     has = services.cluster.has_server
     errors = []
     rows = []
     for i, report in enumerate(batch.reports):
+        total = sum(d.bytes for d in report.demands)  # inf past float range
+        if not total <= MAX_REPORT_BYTES:
+            errors.append(
+                {
+                    "field": f"body.reports.{i}.demands",
+                    "message": f"the report's bytes sum to {total:g}, over {MAX_REPORT_BYTES:g}",
+                    "type": "too_many_bytes",
+                }
+            )
         demands = []
         for k, d in enumerate(report.demands):
             for end in ("src", "dst"):
@@ -50,8 +67,8 @@ def _check_servers(services: Services, batch: TrafficIn) -> list[list[Any]]:
         raise Problem(
             422,
             "Invalid request",
-            f"{len(errors)} demand(s) name unknown servers or a server to itself; "
-            "the batch was refused whole",
+            f"{len(errors)} demand(s) name unknown servers or a server to itself, or a "
+            "report's bytes are out of range; the batch was refused whole",
             kind="validation",
             extra={"errors": errors[:100]},
         )
@@ -63,7 +80,11 @@ def _check_servers(services: Services, batch: TrafficIn) -> list[list[Any]]:
     status_code=202,
     response_model=TrafficAccepted,
     summary="Traffic-demand reports (one report = one communication phase)",
-    responses={413: {"content": _PROBLEMS}, 422: {"content": _PROBLEMS}},
+    operation_id="reportTraffic",
+    responses={
+        202: {"description": "stored durably (a batch is not addressable: no `Location`)"},
+        422: {"description": "invalid fields, unknown servers; the batch is refused whole"},
+    },
 )
 async def report_traffic(
     batch: TrafficIn,
@@ -87,17 +108,51 @@ async def report_traffic(
     metrics = services.metrics
     # group commit: batches arriving together share one transaction and one relay kick
     stored = services.traffic.submit(reports, idempotency_key, services.kick_relay)
-    count, last = await asyncio.wrap_future(stored)
+    try:
+        count, last = await asyncio.wrap_future(stored)
+    except IdempotencyConflict as exc:
+        raise Problem(409, "Idempotency key reused", str(exc), kind="idempotency-conflict") from exc
     metrics.traffic_reports.inc(count)
     metrics.traffic_demands.inc(sum(len(d) for d in demands))
     return JSONResponse({"accepted": count, "last_seq": last}, status_code=202)
 
 
 @router.get(
+    "/traffic/dead-letters",
+    response_model=DeadLetterPage,
+    summary="Traffic reports the engine could not use, with the reason",
+    operation_id="listDeadLetters",
+)
+async def list_dead_letters(
+    services: ServicesDep,
+    _scope: Annotated[Any, require("telemetry")],
+    after: Annotated[int, Query(ge=0, le=2**63 - 1, description="last ord already seen")] = 0,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+) -> JSONResponse:
+    """Reports set aside by the worker (its cursor moved past them), oldest first."""
+    rows = await run_in_threadpool(services.traffic.dead_letters, after, limit)
+    return JSONResponse(
+        {
+            "dead_letters": [
+                {
+                    "ord": r.ord,
+                    "job_id": r.job_id,
+                    "reason": r.reason,
+                    "report": r.report,
+                    "at": r.at.isoformat().replace("+00:00", "Z") if r.at else None,
+                }
+                for r in rows
+            ],
+            "next": rows[-1].ord if len(rows) == limit else None,
+        }
+    )
+
+
+@router.get(
     "/predictions/{job_id}",
     response_model=PredictionOut,
     summary="A job's learned communication cycle",
-    responses={404: {"content": _PROBLEMS}},
+    operation_id="getPrediction",
 )
 async def get_prediction(
     job_id: JobIdPath, services: ServicesDep, _scope: Annotated[Any, require()]

@@ -1,0 +1,246 @@
+"""The evaluation: every workload family, policy and OXC latency, over jittered seeds.
+
+For each family (`dense`, `bigspan`, `moe`, `comm-heavy`; `lightpath workload
+generate`, 160 jobs at load 1.2 on seed-15k, generation seed 1) and each OXC
+reconfiguration latency (1, 10, 25, 100 ms), six policies (ideal, spray, ecmp,
+static, reactive, lightpath) run on SEEDS jittered copies of the workload
+(`families.jitter`: arrivals and iteration times; seed 0 is the workload as
+generated). The electrical policies do not depend on the latency and run once
+per seed. `comm-heavy` runs with B200 GPUs (`--gpu b200`), the others A100.
+
+Printed per family and latency: steady utilisation (compute GPU-seconds over
+cluster GPU-seconds while the queue is never empty), mean and p99 iteration
+slowdown, the network's share of iteration time, done/refused/stalled, each
+a mean with its 95% confidence interval over the seeds. Written under
+bench/out/evaluation/: results.json, table.md, and one plot per family
+(steady utilisation and mean slowdown against latency, with error bars).
+
+Bound (exit 1 when missed): the timed cell (one family, one latency: 160 jobs x
+6 policies x SEEDS seeds) under 600 s of wall time on this machine.
+
+Run: .venv/bin/python bench/bench_evaluation.py [--families dense,moe] [--latencies 1,25]
+     [--seeds 5] [--jobs 160]
+     (families can run as separate processes; `--merge` then rebuilds table.md
+     from their results_<family>.json)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from app.engine.cluster import preset
+from app.sim.families import FAMILIES, FAMILY_GPU, generate, jitter
+from app.sim.report import aggregate, coinciding, evaluation_table, summarize
+from app.sim.simulator import simulate
+
+POLICIES = ("ideal", "spray", "ecmp", "static", "reactive", "lightpath")
+ELECTRICAL = ("ideal", "spray", "ecmp")
+LATENCIES_MS = (25.0, 1.0, 100.0, 10.0)  # 25 ms first: the reference column
+LOAD = 1.2
+GENERATION_SEED = 1
+CELL_BOUND_S = 600.0
+OUT = Path(__file__).resolve().parent / "out" / "evaluation"
+
+
+def run_family(
+    family: str,
+    latencies: list[float],
+    seeds: int,
+    jobs: int,
+    console: Console,
+    partial: Path | None = None,
+) -> dict[str, Any]:
+    gpu = FAMILY_GPU.get(family)
+    base_cluster = preset("seed-15k")
+    workload = generate(family, base_cluster, load=LOAD, jobs=jobs, seed=GENERATION_SEED)
+    copies = [jitter(workload, k) for k in range(seeds)]
+    electrical: dict[str, list[dict[str, Any]]] = {}
+    t0 = time.perf_counter()
+    for policy in ELECTRICAL:
+        electrical[policy] = [
+            summarize(simulate(base_cluster, w, policy, seed=k, gpu=gpu))
+            for k, w in enumerate(copies)
+        ]
+    electrical_s = time.perf_counter() - t0
+    cells = {}
+    for latency in latencies:
+        cluster = preset("seed-15k", reconfig_ms=latency)
+        t1 = time.perf_counter()
+        per_policy = dict(electrical)
+        for policy in POLICIES:
+            if policy in ELECTRICAL:
+                continue
+            per_policy[policy] = [
+                summarize(simulate(cluster, w, policy, seed=k, reconfig_ms=latency, gpu=gpu))
+                for k, w in enumerate(copies)
+            ]
+        wall = time.perf_counter() - t1 + electrical_s
+        aggregates = [aggregate(per_policy[p]) for p in POLICIES]
+        title = f"{family} ({gpu or 'a100'}), {latency:g} ms, {seeds} seeds, wall {wall:.0f} s"
+        console.print(evaluation_table(aggregates, title))
+        cells[f"{latency:g}"] = {
+            "wall_s": wall,
+            "aggregates": aggregates,
+            "coinciding": coinciding(aggregates),
+        }
+        if partial is not None:  # each cell as soon as it is done
+            doc = {"family": family, "gpu": gpu or "a100", "jobs": jobs, "seeds": seeds}
+            doc["cells"] = dict(sorted(cells.items(), key=lambda kv: float(kv[0])))
+            partial.write_text(json.dumps(doc, indent=1) + "\n")
+    return {
+        "family": family,
+        "gpu": gpu or "a100",
+        "jobs": jobs,
+        "seeds": seeds,
+        "load_average": os.getloadavg()[0],
+        "cells": dict(sorted(cells.items(), key=lambda kv: float(kv[0]))),
+    }
+
+
+def _cell_md(agg: dict[str, Any], key: str, scale: float, digits: int) -> str:
+    v = agg[key]
+    return f"{v['mean'] * scale:.{digits}f} ± {v['ci95'] * scale:.{digits}f}"
+
+
+def markdown(results: list[dict[str, Any]]) -> str:
+    lines = []
+    for fam in results:
+        lines.append(
+            f"\n**{fam['family']}** ({fam['gpu']}, {fam['jobs']} jobs, load {LOAD}, "
+            f"{fam.get('seeds', '?')} seeds; mean ± 95% CI)\n"
+        )
+        latencies = sorted(fam["cells"], key=float)
+        head = "| policy | network % (25 ms) | " + " | ".join(
+            f"steady util % @ {lat} ms" for lat in latencies
+        )
+        lines.append(head + " | slowdown @ 25 ms | done/refused/stalled |")
+        lines.append("|" + " --- |" * (len(latencies) + 4))
+        ref = fam["cells"].get("25", fam["cells"][latencies[0]])
+        for i, policy in enumerate(POLICIES):
+            row = [policy]
+            agg_ref = ref["aggregates"][i]
+            row.append(_cell_md(agg_ref, "mean_network_share", 100, 1))
+            for lat in latencies:
+                agg = fam["cells"][lat]["aggregates"][i]
+                same = fam["cells"][lat]["coinciding"].get(policy)
+                row.append(
+                    _cell_md(agg, "steady_utilization", 100, 2) + (f" (= {same})" if same else "")
+                )
+            row.append(_cell_md(agg_ref, "mean_iteration_slowdown", 1, 4))
+            row.append(
+                "/".join(
+                    str(round(agg_ref[k]["mean"]))
+                    for k in ("jobs_completed", "jobs_refused", "jobs_stalled")
+                )
+            )
+            lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(fam: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    latencies = sorted(float(x) for x in fam["cells"])
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    for i, policy in enumerate(POLICIES):
+        util = [fam["cells"][f"{x:g}"]["aggregates"][i]["steady_utilization"] for x in latencies]
+        slow = [
+            fam["cells"][f"{x:g}"]["aggregates"][i]["mean_iteration_slowdown"] for x in latencies
+        ]
+        style = "--" if policy in ELECTRICAL else "-"
+        a.errorbar(
+            latencies,
+            [u["mean"] * 100 for u in util],
+            yerr=[u["ci95"] * 100 for u in util],
+            label=policy,
+            capsize=3,
+            linestyle=style,
+            marker="o",
+        )
+        b.errorbar(
+            latencies,
+            [s["mean"] for s in slow],
+            yerr=[s["ci95"] for s in slow],
+            label=policy,
+            capsize=3,
+            linestyle=style,
+            marker="o",
+        )
+    for ax in (a, b):
+        ax.set_xscale("log")
+        ax.set_xlabel("OXC reconfiguration (ms)")
+    a.set_ylabel("steady utilisation % (95% CI)")
+    b.set_ylabel("mean iteration slowdown (95% CI)")
+    a.legend(fontsize=8)
+    fig.suptitle(f"{fam['family']} ({fam['gpu']}), {fam['jobs']} jobs, load {LOAD}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--families", default=",".join(FAMILIES))
+    ap.add_argument("--latencies", default=",".join(f"{x:g}" for x in LATENCIES_MS))
+    ap.add_argument("--seeds", type=int, default=5)
+    ap.add_argument("--jobs", type=int, default=160)
+    ap.add_argument("--out", default=str(OUT), help="output directory")
+    ap.add_argument(
+        "--merge", action="store_true", help="only rebuild table.md from results_*.json"
+    )
+    ap.add_argument("extra", nargs="*", help="with --merge: more result directories")
+    args = ap.parse_args()
+    out = Path(args.out)
+    console = Console(width=200)
+    if args.merge:
+        # every results_<family>.json under out and the extra directories, cells joined
+        order = {f: i for i, f in enumerate(FAMILIES)}
+        by_family: dict[str, dict[str, Any]] = {}
+        for d in [out, *map(Path, args.extra)]:
+            for p in sorted(d.glob("results_*.json")):
+                doc = json.loads(p.read_text())
+                have = by_family.setdefault(doc["family"], dict(doc, cells={}))
+                have["cells"].update(doc["cells"])
+        merged = sorted(by_family.values(), key=lambda r: order.get(r["family"], 99))
+        for fam in merged:
+            fam["cells"] = dict(sorted(fam["cells"].items(), key=lambda kv: float(kv[0])))
+            plot(fam, out / f"{fam['family']}.png")
+        (out / "table.md").write_text(markdown(merged))
+        console.print(markdown(merged))
+        return 0
+    families = [f for f in args.families.split(",") if f]
+    latencies = [float(x) for x in args.latencies.split(",") if x]
+    out.mkdir(parents=True, exist_ok=True)
+    load = os.getloadavg()
+    results = []
+    worst = 0.0
+    for family in families:
+        partial = out / f"results_{family}.json"
+        fam = run_family(family, latencies, args.seeds, args.jobs, console, partial)
+        results.append(fam)
+        worst = max([worst] + [c["wall_s"] for c in fam["cells"].values()])
+        plot(fam, out / f"{family}.png")
+        (out / f"results_{family}.json").write_text(json.dumps(fam, indent=1) + "\n")
+    (out / "table.md").write_text(markdown(results))
+    console.print(markdown(results))
+    after = os.getloadavg()
+    console.print(
+        f"slowest cell (160 jobs x 6 policies x {args.seeds} seeds): {worst:.0f} s "
+        f"(bound {CELL_BOUND_S:.0f} s); load average before {load[0]:.2f}, after {after[0]:.2f}"
+    )
+    return 0 if worst <= CELL_BOUND_S else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,108 @@
+"""Hostile but well-formed input: 4xx, never a 500; races answered once; no secret printed."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from typing import Any
+
+import pytest
+from sqlalchemy import select
+
+from app.bus.redis_streams import RedisStreamsBus
+from app.store import tables as t
+from tests.support import LiveServer
+
+HUGE = 9223372036854775808  # 2**63: one past the largest bigint
+
+
+def test_huge_numbers_are_4xx(server: LiveServer) -> None:
+    with server.client() as c:
+        job = {"job_id": "huge", "parallelism": {"dp": 2, "pp": 1}, "model": {"parameters": 1e308}}
+        r = c.post("/v1/jobs", json=job)
+        assert r.status_code == 422, r.text
+        assert r.headers["content-type"].startswith("application/problem+json")
+        advice = {"gpu_memory_bytes": 1e308, "model": {"parameters": 1e308}, "parallelism": {}}
+        r = c.post("/v1/advice/batch-size", json=advice)
+        assert r.status_code == 422, r.text
+        assert r.json()["type"].endswith("out-of-range")
+        for path in ("/v1/jobs", "/v1/decisions"):
+            r = c.get(path, params={"after": HUGE})
+            assert r.status_code == 422, (path, r.text)
+            r = c.get(path, params={"after": HUGE - 1})
+            assert r.status_code == 200, (path, r.text)
+
+
+def _batch(server_ids: list[str], size: float) -> dict[str, Any]:
+    a, b = server_ids
+    return {
+        "reports": [{"phase_started_at": 1.0, "demands": [{"src": a, "dst": b, "bytes": size}]}]
+    }
+
+
+def test_an_idempotency_key_reused_with_another_batch_is_409(server: LiveServer) -> None:
+    pair = ["pod-0/tor-0/srv-0", "pod-1/tor-0/srv-0"]
+    with server.client() as c:
+        key = {"Idempotency-Key": "batch-1"}
+        first = c.post("/v1/traffic", json=_batch(pair, 1e9), headers=key)
+        assert first.status_code == 202, first.text
+        again = c.post("/v1/traffic", json=_batch(pair, 1e9), headers=key)
+        assert again.status_code == 202 and again.json() == first.json()
+        other = c.post("/v1/traffic", json=_batch(pair, 2e9), headers=key)
+        assert other.status_code == 409, other.text
+        assert other.headers["content-type"].startswith("application/problem+json")
+        assert c.post("/v1/traffic", json=_batch(pair, 3e9)).json()["last_seq"] == 2
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("database_url", ["postgres"], indirect=True)
+def test_concurrent_completes_answer_one_completion(server: LiveServer) -> None:
+    assert server.runtime is not None
+    with server.client() as c:
+        r = c.post("/v1/jobs", json={"job_id": "racy", "parallelism": {"dp": 2, "pp": 1}})
+        assert r.status_code == 201, r.text
+    answers: list[dict[str, Any]] = []
+    start = threading.Barrier(8)
+
+    def complete() -> None:
+        with server.client() as c:
+            start.wait()
+            r = c.post("/v1/jobs/racy/complete")
+            assert r.status_code == 200, r.text
+            answers.append(r.json())
+
+    threads = [threading.Thread(target=complete) for _ in range(8)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(30)
+    assert len(answers) == 8
+    assert len({a["completed_at"] for a in answers}) == 1
+    with server.runtime.services.store.read_engine.connect() as conn:
+        events = conn.execute(select(t.outbox.c.payload)).scalars().all()
+    assert [e for e in events if e == {"type": "CompleteJob", "job_id": "racy"}] == [
+        {"type": "CompleteJob", "job_id": "racy"}
+    ]
+
+
+def test_a_malformed_token_list_is_refused_without_printing_it() -> None:
+    env = dict(os.environ, LIGHTPATH_API_TOKENS="launcher=s3cr3t-one,bogus=s3cr3t-two")
+    done = subprocess.run(
+        [sys.executable, "-m", "app.cli", "api"], env=env, capture_output=True, timeout=60
+    )
+    assert done.returncode == 2
+    out = (done.stdout + done.stderr).decode()
+    assert "LIGHTPATH_API_TOKENS" in out
+    assert "s3cr3t" not in out
+
+
+def test_change_notices_are_namespaced_by_redis_database(redis_url: str) -> None:
+    base = redis_url.rsplit("/", 1)[0]
+    a = RedisStreamsBus(f"{base}/3")
+    b = RedisStreamsBus(f"{base}/4")
+    assert a.changes_channel == "lightpath:3:changes"
+    assert a.changes_channel != b.changes_channel
+    a.close()
+    b.close()

@@ -1,0 +1,89 @@
+"""Ingest no report can poison: out-of-range bytes refused, engine failures set aside."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from tests.support import LiveServer
+
+
+def _servers_by_pod(job: dict[str, Any]) -> list[str]:
+    """Two servers of the job in different pods."""
+    servers = [u["server"] for u in job["placement"]["units"]]
+    first = servers[0]
+    other = next(s for s in servers if s.split("/")[0] != first.split("/")[0])
+    return [first, other]
+
+
+def _counted(c: Any, job_id: str) -> int:
+    p = c.get(f"/v1/predictions/{job_id}").json()
+    return int(p["hits"]) + int(p["held"]) + int(p["misses"])
+
+
+def test_bytes_summing_past_the_limit_are_refused(server: LiveServer) -> None:
+    with server.client() as c:
+        job = c.post("/v1/jobs", json={"job_id": "big", "parallelism": {"dp": 8, "pp": 2}}).json()
+        a, b = _servers_by_pod(job)
+        each_finite = {
+            "reports": [
+                {
+                    "job_id": "big",
+                    "phase_started_at": 1.0,
+                    "demands": [
+                        {"src": a, "dst": b, "bytes": 1e308},
+                        {"src": b, "dst": a, "bytes": 1e308},
+                    ],
+                }
+            ]
+        }
+        r = c.post("/v1/traffic", json=each_finite)
+        assert r.status_code == 422, r.text
+        assert r.headers["content-type"].startswith("application/problem+json")
+        assert r.json()["errors"][0]["type"] == "too_many_bytes"
+
+
+def test_a_report_the_engine_cannot_use_is_set_aside_and_the_cursor_moves_on(
+    server: LiveServer,
+) -> None:
+    assert server.runtime is not None
+    traffic = server.runtime.services.traffic
+    with server.client() as c:
+        job = c.post("/v1/jobs", json={"job_id": "big", "parallelism": {"dp": 8, "pp": 2}}).json()
+        assert job["state"] == "placed", job
+        a, b = _servers_by_pod(job)
+        # stored before the API checked totals (or by any other path): each value finite,
+        # their sum per pod pair is not
+        poison = {
+            "job_id": "big",
+            "phase_started_at": 1_763_812_345.0,
+            "demands": [[a, b, 1e308], [a, b, 1e308]],
+        }
+        traffic.ingest([poison])
+        good = {
+            "reports": [
+                {
+                    "job_id": "big",
+                    "phase_started_at": 1_763_812_346.0 + k,
+                    "demands": [{"src": a, "dst": b, "bytes": 1e9}],
+                }
+                for k in range(3)
+            ]
+        }
+        assert c.post("/v1/traffic", json=good).status_code == 202
+        deadline = time.monotonic() + 20
+        while _counted(c, "big") < 3 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _counted(c, "big") == 3, "reports after the poison one were not consumed"
+        page = c.get("/v1/traffic/dead-letters").json()
+        assert [d["ord"] for d in page["dead_letters"]] == [1]
+        letter = page["dead_letters"][0]
+        assert letter["job_id"] == "big" and letter["reason"]
+        assert letter["report"]["demands"] == poison["demands"]
+        metrics = c.get("/metrics").text
+        assert "lightpath_traffic_dead_letters_total 1.0" in metrics
+        # a new job still gets its answer promptly: the worker is not stuck retrying
+        start = time.monotonic()
+        r = c.post("/v1/jobs", json={"job_id": "after", "parallelism": {"dp": 2, "pp": 1}})
+        assert r.status_code == 201, r.text
+        assert time.monotonic() - start < 2.5

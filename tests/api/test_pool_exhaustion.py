@@ -1,0 +1,74 @@
+"""An exhausted connection pool: 503 with Retry-After, fast, while /healthz keeps answering."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from app.settings import Settings
+from tests.support import LiveServer
+
+pytestmark = pytest.mark.postgres
+
+
+@pytest.fixture
+def small_pool(postgres_url: str) -> Iterator[LiveServer]:
+    from tests.conftest import _truncate
+
+    _truncate(postgres_url)
+    settings = Settings(
+        database_url=postgres_url,
+        cluster="small",
+        admit_wait_s=0.5,
+        worker_tick_s=0.5,
+        db_pool_size=1,
+        db_pool_timeout_s=0.5,
+    )
+    live = LiveServer(settings)
+    live.start()
+    yield live
+    live.stop()
+
+
+def test_an_exhausted_pool_answers_503_and_healthz_stays_up(small_pool: LiveServer) -> None:
+    assert small_pool.runtime is not None
+    engine = small_pool.runtime.services.store.write_engine
+    held = [engine.connect(), engine.connect()]  # the pool (1) and its overflow (1)
+    slowest_health = 0.0
+    stop = threading.Event()
+
+    def probe() -> None:
+        nonlocal slowest_health
+        with httpx.Client(base_url=small_pool.url, timeout=5) as c:
+            while not stop.is_set():
+                start = time.monotonic()
+                assert c.get("/healthz").status_code == 200
+                slowest_health = max(slowest_health, time.monotonic() - start)
+                time.sleep(0.05)
+
+    prober = threading.Thread(target=probe)
+    prober.start()
+    try:
+        with small_pool.client(timeout=10) as c:
+            answers = []
+            for _ in range(3):  # concurrent in the server: none waits behind another
+                start = time.monotonic()
+                r = c.get("/v1/jobs/nobody")
+                answers.append((r.status_code, time.monotonic() - start, r))
+        for status, took_s, r in answers:
+            assert status == 503, r.text
+            assert r.headers["retry-after"] == "1"
+            assert r.headers["content-type"].startswith("application/problem+json")
+            assert took_s < 2.0, f"503 after {took_s:.1f} s"
+    finally:
+        for conn in held:
+            conn.close()
+        stop.set()
+        prober.join(10)
+    assert slowest_health < 0.5, f"/healthz took {slowest_health:.2f} s"
+    with small_pool.client() as c:
+        assert c.get("/v1/jobs/nobody").status_code == 404

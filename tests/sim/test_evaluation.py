@@ -1,0 +1,265 @@
+"""The evaluation's guarantees: calibrated timing, charged sharing, bounds, determinism."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from app.engine.cluster import Cluster, build_cluster, cluster_from_dict, preset
+from app.engine.collective import AggregatorLedger
+from app.engine.controller import ControllerConfig, new_controller
+from app.engine.fabric import FabricPlan
+from app.engine.job import ComputeTimes, Job, ModelFacts, Parallelism
+from app.engine.rewiring_rules import reactive_rewires
+from app.sim.commands import run_generate, run_simulate
+from app.sim.families import FAMILIES, FAMILY_GPU, generate, jitter
+from app.sim.policies import POLICIES, turn_factor
+from app.sim.report import mean_ci95, summarize
+from app.sim.simulator import JobResult, simulate
+from app.sim.workload import WorkloadJob, read_workload
+
+TABLE = Path(__file__).resolve().parents[2] / "data" / "tables" / "megatron_sc21_table1.csv"
+
+
+def _table1_rows() -> list[dict[str, str]]:
+    with open(TABLE, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def _row_job(r: dict[str, str]) -> Job:
+    """A Table 1 row as Lightpath runs it: TP (and TP<8 replicas) inside 8-GPU servers."""
+    gpus, tp, pp = int(r["num_gpus"]), int(r["tensor_parallel"]), int(r["pipeline_parallel"])
+    dp_megatron = int(r["data_parallel_derived"])
+    h, s = int(r["hidden_size"]), int(r["seq_len"])
+    mbs = 8 // tp  # one server runs 8/tp Megatron replicas' micro-batches side by side
+    return Job(
+        f"gpt-{r['params_billion']}",
+        Parallelism(dp=gpus // (8 * pp), pp=pp),
+        ModelFacts(
+            parameters=float(r["params_billion"]) * 1e9,
+            bytes_per_parameter=2.0,
+            activation_bytes=float(h * s * mbs * 2),
+            microbatches=int(r["global_batch_size"]) // dp_megatron,
+            hidden_size=h,
+            num_layers=int(r["num_layers"]),
+            seq_len=s,
+            microbatch_size=mbs,
+        ),
+    )
+
+
+@pytest.mark.parametrize("row", _table1_rows(), ids=lambda r: f"{r['params_billion']}B")
+def test_megatron_table1_rows_alone_on_ideal_within_10_percent(row: dict[str, str]) -> None:
+    cluster = preset("seed-15k")
+    job = _row_job(row)
+    result = simulate(cluster, [WorkloadJob(job, 0.0, 3)], "ideal", gpu="a100")
+    j = result.jobs[0]
+    assert j.end_s is not None and j.start_s is not None
+    iteration = (j.end_s - j.start_s) / 3
+    derived = float(row["derived_iteration_time_s"])
+    assert iteration == pytest.approx(derived, rel=0.10), (iteration, derived)
+
+
+# ---------------------------------------------------------------- sharing is charged
+
+
+def _job(job_id: str, dp: int, pp: int = 1, *, params: float = 4e9, f: float = 0.02) -> Job:
+    return Job(
+        job_id,
+        Parallelism(dp=dp, pp=pp),
+        ModelFacts(parameters=params, bytes_per_parameter=2, activation_bytes=16e6, microbatches=8),
+        ComputeTimes(f, 2 * f, 0.005),
+    )
+
+
+def _tight_cluster() -> Cluster:
+    """Three pods of four servers with one uplink each: two wide jobs cannot both have
+    circuits of their own (the allocation shares ports by demand, so with more
+    uplinks both would be isolated with fewer circuits each)."""
+    return build_cluster(
+        "tight",
+        pods=3,
+        tors_per_pod=1,
+        servers_per_tor=4,
+        uplink_ports_per_pod=1,
+        oxcs=1,
+        oxc_ports=3,
+        reconfig_ms=25.0,
+    )
+
+
+def _mean_iteration(job: JobResult) -> float:
+    assert job.end_s is not None and job.start_s is not None
+    return (job.end_s - job.start_s) / job.iterations
+
+
+@pytest.mark.parametrize("policy", ["static", "reactive", "lightpath"])
+def test_a_job_taking_turns_is_never_faster_than_alone(policy: str) -> None:
+    cluster = _tight_cluster()
+    jobs = [
+        WorkloadJob(_job("a", 6), 0.0, 400),
+        WorkloadJob(_job("b", 6, params=3e9), 1.0, 300),
+    ]
+    together = simulate(cluster, jobs, policy)
+    assert {j.mode for j in together.jobs} >= {"time_division"}  # the scenario shares ports
+    for j in together.jobs:
+        alone = simulate(cluster, [next(w for w in jobs if w.job.job_id == j.job_id)], policy)
+        assert _mean_iteration(j) >= _mean_iteration(alone.jobs[0]) * (1 - 1e-12), j.job_id
+        if j.mode == "time_division":
+            assert _mean_iteration(j) > _mean_iteration(alone.jobs[0])  # the turns cost
+
+
+def test_turns_charge_every_sharer_and_each_reconfiguration() -> None:
+    cluster = _tight_cluster()
+    state = new_controller(cluster, ControllerConfig(25.0, turn_ms=1000.0))
+    assert turn_factor(state) == pytest.approx(1 / (1 - 0.025))
+    fabric = FabricPlan((), (), 0.0, AggregatorLedger(), ("x", "y", "z"), ())
+    shared = replace(state, fabric=fabric)
+    assert turn_factor(shared) == pytest.approx(3 / (1 - 0.025))
+
+
+def test_reactive_rewires_only_when_the_saving_pays() -> None:
+    assert not reactive_rewires(0.050, 0.030, 0.025)  # saves 20 ms, costs 25 ms
+    assert reactive_rewires(0.080, 0.030, 0.025)
+    assert reactive_rewires(math.inf, 0.030, 0.025)  # unroutable on what is installed
+
+
+# ---------------------------------------------------------------- a job that cannot progress
+
+
+def test_a_job_whose_circuits_cannot_carry_it_is_reported_not_hung() -> None:
+    # two OXCs, each wired to one pod only: no circuit can ever join pod-1 and pod-2
+    cluster = cluster_from_dict(
+        {
+            "name": "split",
+            "pods": [
+                {
+                    "id": f"pod-{p}",
+                    "uplink_ports": 4,
+                    "tors": [
+                        {"id": f"tor-{p}", "servers": [{"id": f"s-{p}-{i}"} for i in range(4)]}
+                    ],
+                }
+                for p in (1, 2)
+            ],
+            "oxcs": [
+                {"id": "oxc-1", "ports": 8, "pod_ports": {"pod-1": [0, 1, 2, 3]}},
+                {"id": "oxc-2", "ports": 8, "pod_ports": {"pod-2": [0, 1, 2, 3]}},
+            ],
+        }
+    )
+    jobs = [
+        WorkloadJob(_job("wide", 8), 0.0, 100),
+        WorkloadJob(_job("next", 2), 1.0, 50),
+    ]
+    result = simulate(cluster, jobs, "lightpath")
+    wide, nxt = result.jobs
+    assert wide.stalled and wide.end_s is None
+    assert nxt.end_s is not None  # the queue behind it was served
+    assert summarize(result)["jobs_stalled"] == 1
+
+
+# ---------------------------------------------------------------- bounds and determinism
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_ideal_bounds_every_policy_on_each_family(family: str) -> None:
+    cluster = preset("seed-15k")
+    workload = generate(family, cluster, load=1.2, jobs=24, seed=3)
+    gpu = FAMILY_GPU.get(family)
+    for policy in POLICIES:
+        for j in simulate(cluster, workload, policy, gpu=gpu).jobs:
+            assert j.slowdown is not None and j.slowdown >= 1.0 - 1e-9, (policy, j.job_id)
+
+
+def test_generation_jitter_and_runs_are_deterministic_per_seed() -> None:
+    cluster = preset("seed-15k")
+    one = generate("moe", cluster, load=1.2, jobs=30, seed=4)
+    two = generate("moe", cluster, load=1.2, jobs=30, seed=4)
+    assert one == two and one != generate("moe", cluster, load=1.2, jobs=30, seed=5)
+    assert jitter(one, 2) == jitter(two, 2) and jitter(one, 2) != one
+    assert jitter(one, 0) == one
+    for policy in ("ecmp", "lightpath"):
+        a = summarize(simulate(cluster, jitter(one, 2), policy, seed=2))
+        b = summarize(simulate(cluster, jitter(one, 2), policy, seed=2))
+        a.pop("wall_s"), b.pop("wall_s")
+        assert a == b
+
+
+def test_steady_utilization_is_stable_over_five_seeds() -> None:
+    cluster = preset("seed-15k")
+    workload = generate("dense", cluster, load=1.2, jobs=160, seed=1)
+    values = []
+    for k in range(5):
+        s = summarize(simulate(cluster, jitter(workload, k), "ideal", seed=k))
+        assert s["steady_utilization"] is not None and s["steady_window_s"] > 0
+        values.append(s["steady_utilization"])
+    mean, half = mean_ci95(values)
+    assert 0.5 < mean <= 1.0
+    assert half <= 0.02 * mean, (mean, half, values)
+
+
+def test_comm_heavy_spends_10_to_40_percent_of_iterations_on_the_network() -> None:
+    cluster = preset("seed-15k")
+    workload = generate("comm-heavy", cluster, load=1.2, jobs=40, seed=1)
+    share = summarize(simulate(cluster, workload, "ideal", gpu="b200"))["mean_network_share"]
+    assert 0.10 <= share <= 0.40
+    dense = generate("dense", cluster, load=1.2, jobs=40, seed=1)
+    assert summarize(simulate(cluster, dense, "ideal"))["mean_network_share"] < share
+
+
+def test_cli_generates_a_family_and_simulates_seeds(tmp_path: Path) -> None:
+    path = tmp_path / "w.jsonl"
+    assert run_generate("dense", "seed-15k", 1.2, 20, 1, str(path)) == 0
+    assert len(read_workload(path)) == 20
+    assert run_generate("nope", "seed-15k", 1.2, 20, 1, str(path)) == 2
+    out = tmp_path / "out"
+    code = run_simulate("seed-15k", str(path), ["ideal", "spray"], str(out), 0, None, seeds=2)
+    assert code == 0
+    rows = json.loads((out / "jobs.json").read_text())
+    assert len(rows) == 20 * 2 * 2
+    assert {"iteration_s", "ideal_iteration_s", "iteration_slowdown", "network_share"} <= set(
+        rows[0]
+    )
+    assert {"queueing_delay_s", "jct_s", "policy", "seed"} <= set(rows[0])
+    assert (out / "evaluation.png").stat().st_size > 0
+    summary = json.loads((out / "summary_ideal.json").read_text())
+    assert summary["seeds"] == 2 and "steady_utilization" in summary["ci95"]
+    assert run_simulate("seed-15k", str(path), ["ideal"], None, 0, None, gpu="z80") == 2
+
+
+def test_lightpath_rewires_per_phase_only_where_the_controller_finds_a_gap() -> None:
+    cluster = build_cluster(
+        "four",
+        pods=4,
+        tors_per_pod=1,
+        servers_per_tor=4,
+        uplink_ports_per_pod=8,
+        oxcs=2,
+        oxc_ports=32,
+        reconfig_ms=25.0,
+    )
+
+    def job(f: float) -> Job:
+        return Job(
+            "j",
+            Parallelism(dp=8, pp=2),
+            ModelFacts(
+                parameters=8e9, bytes_per_parameter=2, activation_bytes=256e6, microbatches=8
+            ),
+            ComputeTimes(f, 2 * f, f),
+        )
+
+    short = simulate(cluster, [WorkloadJob(job(0.005), 0.0, 200)], "lightpath").jobs[0]
+    assert short.hits == 0 and short.reconfigurations == 0  # 15 ms gaps < 25 ms: it holds
+    long = simulate(cluster, [WorkloadJob(job(0.2), 0.0, 200)], "lightpath").jobs[0]
+    assert long.hits > 0  # the controller pre-installed phases in 0.4 s gaps
+    assert long.hits + long.held + long.misses == 2 * 200  # every phase scored once
+    static = simulate(cluster, [WorkloadJob(job(0.2), 0.0, 200)], "static").jobs[0]
+    assert long.slowdown is not None and static.slowdown is not None
+    assert long.slowdown <= static.slowdown

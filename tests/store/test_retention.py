@@ -1,0 +1,89 @@
+"""Retention deletes what is past its window and keeps what replay and audit need."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterator
+
+import pytest
+from sqlalchemy import insert, select
+
+from app.settings import Settings
+from app.store import Store
+from app.store import tables as t
+from app.store.repository import utcnow
+from app.store.retention import Retention, RetentionPolicy, table_sizes
+from app.wiring import build_store
+
+
+@pytest.fixture
+def store(database_url: str) -> Iterator[Store]:
+    s = build_store(Settings(database_url=database_url))
+    yield s
+    s.dispose()
+
+
+def test_old_rows_go_and_unconsumed_or_unpublished_ones_stay(store: Store) -> None:
+    now = utcnow()
+    old = now - dt.timedelta(days=30)
+    with store.write_engine.begin() as conn:
+        conn.execute(
+            insert(t.decisions),
+            [
+                {
+                    "seq": i,
+                    "at": old if i <= 3 else now,
+                    "kind": "fabric",
+                    "reason": "x",
+                    "payload": {},
+                }
+                for i in range(1, 6)
+            ],
+        )
+        conn.execute(
+            insert(t.traffic_reports),
+            [
+                # consumed and old: deleted; numbered but after the cursor, or unnumbered: kept
+                {"seq": 1, "ord": 1, "phase_started_at": 1.0, "demands": [], "received_at": old},
+                {"seq": 2, "ord": 2, "phase_started_at": 1.0, "demands": [], "received_at": old},
+                {"seq": 3, "ord": 3, "phase_started_at": 1.0, "demands": [], "received_at": old},
+                {"seq": 4, "ord": None, "phase_started_at": 1.0, "demands": [], "received_at": old},
+                {"seq": 5, "ord": 4, "phase_started_at": 1.0, "demands": [], "received_at": now},
+            ],
+        )
+        conn.execute(insert(t.counters).values(name="traffic_cursor", value=2))
+        conn.execute(
+            insert(t.traffic_batches),
+            [
+                {"key": "old", "accepted": 1, "last_seq": 1, "received_at": old},
+                {"key": "new", "accepted": 1, "last_seq": 5, "received_at": now},
+            ],
+        )
+        conn.execute(
+            insert(t.outbox),
+            [
+                {"topic": "jobs", "payload": {}, "created_at": old, "published_at": old},
+                {"topic": "jobs", "payload": {}, "created_at": old, "published_at": None},
+            ],
+        )
+        conn.execute(
+            insert(t.dead_letters),
+            [{"ord": 9, "job_id": None, "reason": "r", "report": {}, "at": old}],
+        )
+    deleted = Retention(store, RetentionPolicy(batch=2)).run()
+    assert deleted == {
+        "decisions": 3,
+        "traffic_reports": 2,
+        "traffic_batches": 1,
+        "outbox": 1,
+        "dead_letters": 1,
+    }
+    with store.read_engine.connect() as conn:
+        assert list(
+            conn.execute(select(t.decisions.c.seq).order_by(t.decisions.c.seq)).scalars()
+        ) == [4, 5]
+        assert sorted(conn.execute(select(t.traffic_reports.c.seq)).scalars()) == [3, 4, 5]
+        assert list(conn.execute(select(t.traffic_batches.c.key)).scalars()) == ["new"]
+        assert list(conn.execute(select(t.outbox.c.published_at)).scalars()) == [None]
+    assert table_sizes(store)["dead_letters"] == 0
+    assert Retention(store, RetentionPolicy()).run() == dict.fromkeys(deleted, 0)

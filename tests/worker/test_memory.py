@@ -1,0 +1,233 @@
+"""The worker's memory follows changes: what it reads and writes per pass, and what waits.
+
+- scheduling from the placed-job cache sees exactly what a full read sees;
+- the desired and confirmed port tables are written as diffs (only what changed);
+- a switch pass that changes nothing writes nothing;
+- admission of an arrival never waits for a fabric pass that is under way.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from sqlalchemy import Engine, event, select
+
+from app.bus import InProcessBus
+from app.bus.messages import AdmitJob
+from app.engine.cluster import preset
+from app.engine.controller import ControllerConfig
+from app.engine.cross_connects import CrossConnect
+from app.engine.queue import QueuePolicy
+from app.settings import Settings
+from app.southbound import InProcessDriver
+from app.store import PlacedCache, Store
+from app.store import tables as t
+from app.store.fabric_repository import ConfirmedOxc, FabricRepository, replace_desired
+from app.store.migrate import upgrade_to_head
+from app.store.traffic_repository import TrafficRepository
+from app.wiring import build_store
+from app.worker import Worker
+from app.worker.fabric_driver import FabricDriver, FabricPassResult
+from app.worker.metrics import WorkerMetrics
+from app.worker.scheduler import schedule
+from app.worker.switch_controller import SwitchController
+
+SMALL = preset("small")
+
+
+@pytest.fixture()
+def store(tmp_path: Path) -> Iterator[Store]:
+    s = Settings(database_url=f"sqlite:///{tmp_path}/memory.db", cluster="small")
+    upgrade_to_head(s)
+    store = build_store(s)
+    yield store
+    store.dispose()
+
+
+def _submit(store: Store, job_id: str, servers: int, walltime_s: float | None = None) -> None:
+    body: dict[str, Any] = {"job_id": job_id, "parallelism": {"dp": servers, "pp": 1, "ep": 1}}
+    if walltime_s is not None:
+        body["walltime_s"] = walltime_s
+    store.submit_job(job_id, body, job_id, servers_needed=servers, priority=0, deadline=None)
+
+
+def _writes(engine: Engine, table: str) -> list[str]:
+    """Statements that change `table`, recorded from now on."""
+    seen: list[str] = []
+
+    @event.listens_for(engine, "before_cursor_execute")
+    def record(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        head = statement.lstrip().upper()
+        if head.startswith(("INSERT", "DELETE", "UPDATE")) and table.upper() in head:
+            seen.append(statement)
+
+    return seen
+
+
+_ops = st.lists(
+    st.tuples(
+        st.sampled_from(["submit", "schedule", "complete", "grant"]),
+        st.integers(1, 6),
+        st.booleans(),
+    ),
+    min_size=1,
+    max_size=25,
+)
+
+
+@settings(
+    max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(ops=_ops)
+def test_scheduling_from_the_cache_sees_what_a_full_read_sees(store: Store, ops: list) -> None:
+    cache = PlacedCache()
+    repo = FabricRepository(store)
+    prefix = f"j{time.monotonic_ns()}"
+    for n, (op, size, flag) in enumerate(ops):
+        if op == "submit":
+            _submit(store, f"{prefix}-{n}", size, 3600.0 if flag else None)
+        elif op == "schedule":
+            schedule(store, SMALL, QueuePolicy.FIFO, backfill=True, reason="arrival", cache=cache)
+        elif op == "complete":
+            placed = sorted(store.load_snapshot().placed)
+            if placed:
+                store.complete_job(placed[size % len(placed)])
+        else:  # the fabric pass writes a collective with aggregator grants
+            placed = sorted(store.load_snapshot().placed)
+            if placed:
+                job = placed[size % len(placed)]
+                collective = {"aggregator_grants": [{"tor": "tor-1-1", "gbps": float(size)}]}
+                repo.record_fabric((), {job: collective}, [], {})
+                cache.set_collective(job, collective)
+        cached, full = store.load_snapshot(cache), store.load_snapshot()
+        assert cached.used == full.used
+        assert cached.placed == full.placed
+        assert cached.busy_until == full.busy_until
+        assert cached.aggregator_used_gbps == pytest.approx(full.aggregator_used_gbps)
+        assert [j.job_id for j in cached.queued] == [j.job_id for j in full.queued]
+    for job_id in sorted(store.load_snapshot().placed):  # the next example starts empty
+        store.complete_job(job_id)
+
+
+def test_the_desired_table_is_written_as_a_diff_against_the_last_write(store: Store) -> None:
+    repo = FabricRepository(store)
+    first = tuple(CrossConnect("oxc-1", a, a + 100, "a") for a in range(10))
+    repo.record_fabric(first, {}, [], {}, previous=())
+    writes = _writes(store.write_engine, "desired_ports")
+    second = first[:9] + (CrossConnect("oxc-2", 5, 6, "b"),)
+    with store.write_engine.begin() as conn:
+        changed = replace_desired(conn, second, first)
+    assert changed == 4  # one cross-connect gone (2 port rows), one new (2 rows)
+    assert len(writes) == 2  # one DELETE (executemany), one INSERT
+    assert set(repo.load_desired()) == set(second)
+    with store.write_engine.begin() as conn:
+        assert replace_desired(conn, second, second) == 0
+    assert len(writes) == 2
+
+
+def test_confirmed_ports_are_written_only_where_the_read_back_changed(store: Store) -> None:
+    repo = FabricRepository(store)
+    before = {"oxc-1": ConfirmedOxc("oxc-1", frozenset({(1, 2), (3, 4)}), frozenset())}
+    repo.save_confirmed(before.values(), previous={})
+    after = ConfirmedOxc("oxc-1", frozenset({(1, 2), (3, 5)}), frozenset({7}))
+    assert repo.save_confirmed([after], previous=before) == 2 + 3  # 3, 4 gone; 3, 5, 7 new
+    assert repo.load_confirmed() == {"oxc-1": after}
+    assert repo.load_failed_ports() == {"oxc-1": frozenset({7})}
+
+
+def test_a_switch_pass_that_changes_nothing_writes_nothing(store: Store) -> None:
+    repo = FabricRepository(store)
+    metrics = WorkerMetrics()
+    fabric = FabricDriver(
+        repo, TrafficRepository(store), SMALL, ControllerConfig(reconfig_ms=0.0), metrics
+    )
+    controller = SwitchController(
+        repo,
+        InProcessDriver.for_cluster(SMALL, reconfig_ms=0.0),
+        SMALL,
+        metrics,
+        on_confirmed=fabric.confirmed,
+        desired_source=lambda: fabric.committed,
+    )
+    _submit(store, "wide", 12)  # more than a pod of `small`: it needs cross-connects
+    schedule(store, SMALL, QueuePolicy.FIFO, backfill=True, reason="arrival")
+    fabric.sync("arrival")
+    assert fabric.committed
+    controller.run_once()
+    held = {
+        (r.oxc_id, r.port, r.peer)
+        for r in store.read_engine.connect().execute(select(t.confirmed_ports))
+    }
+    assert {(c.oxc_id, c.port_a, c.port_b) for c in fabric.committed} <= held
+    writes = _writes(store.write_engine, "confirmed_ports")
+    desired_reads = _reads(store.read_engine, "desired_ports")
+    controller.run_once()
+    assert writes == [] and desired_reads == []
+    controller.reset()  # a new leader: reads the table once, then diffs again
+    controller.run_once()
+    assert writes == []
+
+
+def _reads(engine: Engine, table: str) -> list[str]:
+    seen: list[str] = []
+
+    @event.listens_for(engine, "before_cursor_execute")
+    def record(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if statement.lstrip().upper().startswith("SELECT") and table in statement:
+            seen.append(statement)
+
+    return seen
+
+
+class BlockedFabric:
+    """A fabric driver whose pass blocks until released (stands in for a slow plan)."""
+
+    def __init__(self) -> None:
+        self.entered = threading.Event()
+        self.release = threading.Event()
+        self.on_views: Any = None
+        self.state = None
+
+    def sync(self, reason: str, *, force: bool = False) -> FabricPassResult:
+        self.entered.set()
+        self.release.wait(30)
+        return FabricPassResult(False, (), ())
+
+    def consume(self) -> bool:
+        return False
+
+    def reset(self) -> None:
+        pass
+
+
+def test_admission_does_not_wait_for_a_fabric_pass_under_way(store: Store) -> None:
+    bus = InProcessBus()
+    fabric = BlockedFabric()
+    settings = Settings(database_url="sqlite://", cluster="small", worker_tick_s=0.05)
+    worker = Worker(store, bus, SMALL, settings, driver=fabric, metrics=WorkerMetrics())  # type: ignore[arg-type]
+    stop = threading.Event()
+    thread = threading.Thread(target=worker.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        _submit(store, "first", 2)
+        bus.publish(AdmitJob("first"))
+        assert fabric.entered.wait(10)  # the first arrival's fabric pass is now stuck
+        _submit(store, "second", 2)
+        bus.publish(AdmitJob("second"))
+        deadline = time.monotonic() + 10
+        while store.get_job("second").state != "placed":  # type: ignore[union-attr]
+            assert time.monotonic() < deadline, "the arrival waited for the fabric pass"
+            time.sleep(0.02)
+        assert not fabric.release.is_set()
+        assert store.get_job("first").state == "placed"  # type: ignore[union-attr]
+    finally:
+        fabric.release.set()
+        stop.set()
+        thread.join(10)
