@@ -5,9 +5,10 @@ Fixed seed. Job sizes follow the Kalos trace's node counts
 rounded to powers of two, one server per node. Two EP mixes:
 - trace-like: the Kalos jobs are dense LLM pre-training, so ep=1 with a few
   MoE jobs of ep=2 (1 in 10); this is the mix the fill target is judged on;
-- EP-heavy: a third of the jobs with ep 2, 4 or 8, whose whole-ToR EP groups
-  leave gaps on seed-15k's 15-server ToRs that wider groups cannot use. Printed
-  for comparison; it does not fail the run.
+- EP-heavy: a third of the jobs with ep 2, 4 or 8, whose EP groups leave gaps
+  on seed-15k's 15-server ToRs (groups span ToRs of one pod when no ToR fits,
+  never pods, so 75-server pods still strand servers). Its fill target (95%)
+  is printed as met or missed; it does not fail the run.
 
 Bounds (exit 1 when missed):
 - place_job time p99 <= 5 ms per job on seed-15k;
@@ -22,6 +23,7 @@ from __future__ import annotations
 import argparse
 import csv
 import math
+import os
 import random
 import statistics
 import sys
@@ -37,6 +39,9 @@ SEED = 20_240_601
 TRACE = Path(__file__).resolve().parents[1] / "data/traces/acme_kalos_completed_llm_jobs.csv"
 P99_BOUND_MS = 5.0
 FILL_BOUND = 0.95
+
+# thread CPU time per call, keyed by the wall-time list it goes with
+CPU_MS: dict[int, list[float]] = {}
 
 PlaceFn = Callable[[Cluster, Set[str], Job], Placement | Unplaceable]
 
@@ -107,10 +112,11 @@ def run_trial(
     pod_size = len(cluster.pods[0].servers)
 
     def attempt(job: Job) -> bool:
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.thread_time()
         result = place(cluster, free, job)
         if times_ms is not None:
             times_ms.append((time.perf_counter() - start) * 1e3)
+            CPU_MS.setdefault(id(times_ms), []).append((time.thread_time() - cpu) * 1e3)
         if isinstance(result, Unplaceable):
             return False
         running[job.job_id] = result.servers
@@ -148,7 +154,10 @@ def main() -> int:
     print(f"seed-15k: {cluster.server_count} servers, {len(cluster.pods)} pods; seed {SEED}")
     print(f"job sizes (servers) from {TRACE.name}: {sorted(set(sizes))}")
     print()
-    print(f"{'placer':<12} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'calls':>6}")
+    print(
+        f"{'placer':<12} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'cpu p50':>8} "
+        f"{'cpu p99':>8} {'calls':>6}"
+    )
     times: dict[str, list[float]] = {"lightpath": [], "first-fit": []}
     fills: dict[tuple[str, str], list[tuple[float, bool, float]]] = {}
     for mix, eps in MIXES.items():
@@ -161,7 +170,12 @@ def main() -> int:
         ms = sorted(times[name])
         p50 = ms[len(ms) // 2]
         p99 = ms[min(len(ms) - 1, math.ceil(0.99 * len(ms)) - 1)]
-        print(f"{name:<12} {p50:8.3f} {p99:8.3f} {ms[-1]:8.3f} {len(ms):6d}")
+        cpu = sorted(CPU_MS.get(id(times[name]), [0.0]))
+        cpu50 = cpu[len(cpu) // 2]
+        cpu99 = cpu[min(len(cpu) - 1, math.ceil(0.99 * len(cpu)) - 1)]
+        print(
+            f"{name:<12} {p50:8.3f} {p99:8.3f} {ms[-1]:8.3f} {cpu50:8.3f} {cpu99:8.3f} {len(ms):6d}"
+        )
         if name == "lightpath" and p99 > P99_BOUND_MS:
             print(f"  BOUND MISSED: p99 {p99:.3f} ms > {P99_BOUND_MS} ms")
             ok = False
@@ -189,9 +203,12 @@ def main() -> int:
             elif low < FILL_BOUND:
                 print(f"  BOUND MISSED: fill {low:.2%} < {FILL_BOUND:.0%} in a judged trial")
                 ok = False
+        if mix == "EP-heavy" and name == "lightpath" and judged and low < FILL_BOUND:
+            print(f"  target missed: fill {low:.2%} < {FILL_BOUND:.0%} in a judged trial")
     print()
     print("* over trials where the queued job needed no more servers than were free")
     print("pods/min: pods a placed job spans over the fewest pods that could hold it")
+    print(f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     return 0 if ok else 1
 
 

@@ -21,6 +21,11 @@ NonNegativeNumber = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 # pattern admits is addressable, raw or percent-encoded, by every route.
 JOB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:@+-]{0,199}$"
 JobState = Literal["queued", "placed", "completed", "failed", "cancelled"]
+Schedule = Literal["gpipe", "1f1b"]
+SCHEDULE_DESCRIPTION = (
+    "pipeline schedule (default gpipe): GPipe keeps every micro-batch's activations "
+    "in flight, 1F1B at most pp; the memory check and batch-size advice use it"
+)
 
 
 class _Strict(BaseModel):
@@ -107,6 +112,7 @@ class JobIn(_Strict):
         description="runtime estimate; EASY backfill starts this job ahead of a blocked head "
         "only if it ends before the head's reserved start (or avoids its servers)",
     )
+    schedule: Schedule | None = Field(None, description=SCHEDULE_DESCRIPTION)
 
     @field_validator("deadline")
     @classmethod
@@ -123,12 +129,16 @@ class JobIn(_Strict):
         """The canonical body we keep and compare for idempotency.
 
         Optional fields added later are left out when unset, so a body stored
-        before they existed still matches the same resubmitted body.
+        before they existed still matches the same resubmitted body; a schedule
+        equal to the default (gpipe) is left out too, so stating the default
+        matches a body that did not.
         """
         body = self.model_dump(mode="json", exclude={"job_id"})
-        for late in ("lease_s", "walltime_s"):
+        for late in ("lease_s", "walltime_s", "schedule"):
             if body.get(late) is None:
                 body.pop(late, None)
+        if body.get("schedule") == "gpipe":
+            body.pop("schedule")
         return body
 
 
@@ -190,6 +200,7 @@ class JobOut(BaseModel):
         None, description="a placed job with a lease is failed if not heard from by then"
     )
     walltime_s: float | None = None
+    schedule: Schedule = Field("gpipe", description=SCHEDULE_DESCRIPTION)
 
 
 class FailIn(_Strict):
@@ -319,6 +330,9 @@ class AdviceModelIn(_Strict):
     num_layers: Annotated[StrictInt, Field(ge=1)] | None = None
     seq_len: Annotated[StrictInt, Field(ge=1)] | None = None
     attention_heads: Annotated[StrictInt, Field(ge=1)] | None = None
+    microbatches: Annotated[StrictInt, Field(ge=1, le=1_000_000)] | None = Field(
+        None, description="micro-batches per iteration (default 4 x pp); GPipe holds them all"
+    )
     optimizer: Literal["adam", "sgd"] = "adam"
     activation_checkpointing: StrictBool = False
     zero_stage: Annotated[StrictInt, Field(ge=0, le=3)] = 0
@@ -354,6 +368,7 @@ class AdviceIn(_Strict):
     model: AdviceModelIn
     parallelism: AdviceParallelismIn
     gpu_memory_bytes: Annotated[float, Field(gt=0, allow_inf_nan=False)]
+    schedule: Schedule = Field("gpipe", description=SCHEDULE_DESCRIPTION)
 
 
 class MemoryOut(BaseModel):

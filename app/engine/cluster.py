@@ -37,11 +37,17 @@ class Tor:
 
 @dataclass(frozen=True, slots=True)
 class Pod:
-    """ToRs behind a non-blocking electrical Clos, with uplink ports into the OXC layer."""
+    """ToRs behind a non-blocking electrical Clos, with uplink ports into the OXC layer.
+
+    `aggregator_gbps` is the in-network aggregation of the pod's spine: the second
+    INC level, which combines ToR partials (and, for groups spanning pods, other
+    pods' partials arriving over circuits).
+    """
 
     id: str
     tors: tuple[Tor, ...]
     uplink_ports: int
+    aggregator_gbps: float = 0.0
 
     @property
     def servers(self) -> tuple[Server, ...]:
@@ -136,6 +142,7 @@ def build_cluster(
     oxc_ports: int,
     reconfig_ms: float = 25.0,
     aggregator_gbps: float = 800.0,
+    pod_aggregator_gbps: float = 0.0,
     gpus_per_server: int = GPUS_PER_SERVER,
     nic_gbps: float = NIC_GBPS,
 ) -> Cluster:
@@ -159,7 +166,7 @@ def build_cluster(
                 Server(f"{tor_id}/srv-{s}", tor_id, pod_id) for s in range(servers_per_tor)
             )
             tors.append(Tor(tor_id, pod_id, servers, aggregator_gbps))
-        pod_values.append(Pod(pod_id, tuple(tors), uplink_ports_per_pod))
+        pod_values.append(Pod(pod_id, tuple(tors), uplink_ports_per_pod, pod_aggregator_gbps))
     oxc_values = tuple(
         Oxc(
             f"oxc-{o}",
@@ -186,7 +193,9 @@ def preset(name: str, *, reconfig_ms: float | None = None) -> Cluster:
     12 per OXC over 16 OXCs of 320 ports (a Polatis Series 7000-class
     384-port MEMS switch holds 25 x 12 = 300 used ports). ToR aggregators
     take 3.2 Tb/s of INC input (a SHARP-class switch aggregates at a
-    fraction of line rate).
+    fraction of line rate); each pod's spine layer aggregates 12.8 Tb/s (four
+    spine switches' worth), the second INC level. `small` has 800 Gb/s per ToR
+    and 1.6 Tb/s per pod spine.
     """
     presets = {
         "small": dict(
@@ -197,6 +206,7 @@ def preset(name: str, *, reconfig_ms: float | None = None) -> Cluster:
             oxcs=2,
             oxc_ports=64,
             aggregator_gbps=800.0,
+            pod_aggregator_gbps=1600.0,
         ),
         "seed-15k": dict(
             pods=25,
@@ -206,6 +216,7 @@ def preset(name: str, *, reconfig_ms: float | None = None) -> Cluster:
             oxcs=16,
             oxc_ports=320,
             aggregator_gbps=3200.0,
+            pod_aggregator_gbps=12800.0,
         ),
     }
     if name not in presets:
@@ -235,7 +246,14 @@ def cluster_from_dict(data: Mapping[str, Any], name: str = "custom") -> Cluster:
                 tor_id = str(t["id"])
                 servers = tuple(Server(str(s["id"]), tor_id, pod_id) for s in t["servers"])
                 tors.append(Tor(tor_id, pod_id, servers, float(t.get("aggregator_gbps", 0.0))))
-            pods.append(Pod(pod_id, tuple(tors), int(p.get("uplink_ports", 0))))
+            pods.append(
+                Pod(
+                    pod_id,
+                    tuple(tors),
+                    int(p.get("uplink_ports", 0)),
+                    float(p.get("aggregator_gbps", 0.0)),
+                )
+            )
         oxcs = tuple(
             Oxc(
                 str(o["id"]),
@@ -291,7 +309,8 @@ def without_failed_ports(cluster: Cluster, failed: Mapping[str, frozenset[int]])
             pod_ports[pod_id] = healthy
         oxcs.append(Oxc(oxc.id, oxc.ports, oxc.reconfig_ms, pod_ports))
     pods = tuple(
-        Pod(p.id, p.tors, max(0, p.uplink_ports - lost.get(p.id, 0))) for p in cluster.pods
+        Pod(p.id, p.tors, max(0, p.uplink_ports - lost.get(p.id, 0)), p.aggregator_gbps)
+        for p in cluster.pods
     )
     return Cluster(
         cluster.name,
@@ -314,6 +333,7 @@ def cluster_to_dict(cluster: Cluster, used: Mapping[str, str] | None = None) -> 
             {
                 "id": p.id,
                 "uplink_ports": p.uplink_ports,
+                "aggregator_gbps": p.aggregator_gbps,
                 "tors": [
                     {
                         "id": t.id,

@@ -15,10 +15,19 @@ B member bandwidth in bytes/s, alpha per-hop latency in s, C reduction s/byte:
   S once (full duplex, pipelined) through the aggregator; B_inc is the
   aggregator share per input stream, at most the member's NIC bandwidth.
 
-Aggregators: a ToR's `aggregator_gbps` is consumed in proportion to the bandwidth
-fed into it (one stream per member under it, plus one per other ToR at the
-pod-level root of a two-level aggregation), shared by all jobs, released when a
-job completes (`AggregatorLedger.release`).
+Aggregators, two levels as the design notes model them ("在网聚合可以分双层来做"):
+a ToR aggregator combines the members under it; when a DP group spans ToRs,
+each ToR's partial goes to its pod's spine aggregator (`Pod.aggregator_gbps`),
+and when it spans pods, every other pod's spine partial goes over one circuit
+to the root pod's spine (one stream per pod each way: fewer circuits and
+bytes than a ring). Members under a ToR whose aggregator is full send straight
+to the spine. Each aggregator is consumed in proportion to the bandwidth fed
+into it (streams x rate), shared by all jobs, released when a job completes
+(`AggregatorLedger.release`); grants name a ToR id or a pod id.
+
+The choice is per iteration (`choose_iteration_collective`): when aggregators
+free up or fill, a job's next iteration may switch between INC and a ring, and
+the routing header says which.
 """
 
 from __future__ import annotations
@@ -26,7 +35,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .cluster import Cluster
 from .job import Collective, Job, Placement
@@ -123,6 +132,15 @@ def inc_time_s(size_bytes: float, bandwidth_bps: float, levels: int) -> float:
     return 2 * levels * ALPHA_INC_S + size_bytes / bandwidth_bps
 
 
+def aggregator_capacity(cluster: Cluster, switch_id: str) -> float:
+    """Gb/s of INC input a ToR (by ToR id) or a pod's spine (by pod id) aggregates."""
+    tor = cluster.tors_by_id.get(switch_id)
+    if tor is not None:
+        return tor.aggregator_gbps
+    pod = cluster.pods_by_id.get(switch_id)
+    return pod.aggregator_gbps if pod is not None else 0.0
+
+
 @dataclass(frozen=True, slots=True)
 class AggregatorGrant:
     """Gb/s of one ToR's aggregator held by one job."""
@@ -143,8 +161,8 @@ class AggregatorLedger:
         return sum(g.gbps for g in self.grants if g.tor_id == tor_id)
 
     def free_gbps(self, cluster: Cluster, tor_id: str) -> float:
-        """Gb/s of `tor_id`'s aggregator nobody holds."""
-        return max(0.0, cluster.tors_by_id[tor_id].aggregator_gbps - self.used_gbps(tor_id))
+        """Gb/s of the aggregator of `tor_id` (a ToR or a pod's spine) nobody holds."""
+        return max(0.0, aggregator_capacity(cluster, tor_id) - self.used_gbps(tor_id))
 
     def of_job(self, job_id: str) -> tuple[AggregatorGrant, ...]:
         return tuple(g for g in self.grants if g.job_id == job_id)
@@ -158,7 +176,7 @@ class AggregatorLedger:
         new = self.grants + tuple(grants)
         out = AggregatorLedger(new)
         for tor_id in {g.tor_id for g in new}:
-            if out.used_gbps(tor_id) > cluster.tors_by_id[tor_id].aggregator_gbps * (1 + 1e-9):
+            if out.used_gbps(tor_id) > aggregator_capacity(cluster, tor_id) * (1 + 1e-9):
                 raise ValueError(f"aggregator capacity of {tor_id} exceeded")
         return out
 
@@ -249,34 +267,59 @@ def _inc_offer(
     ledger: AggregatorLedger,
     pod_gbps: Mapping[tuple[str, str], float] | None,
 ) -> _IncOffer:
-    """The INC rate the free aggregators allow: r = min(NIC, free_t / streams_t, circuits)."""
+    """The INC rate the free aggregators allow: r = min(NIC, free_a / streams_a, circuits).
+
+    Level 1: members into their ToR aggregator (or, when it is full, straight
+    into their pod's spine). Level 2: ToR partials into the pod spine; for a
+    group spanning pods, one partial per other pod over a circuit into the root
+    pod's spine. Every aggregator takes streams x r of its free capacity.
+    """
     free = ledger.release(job_id)
+    floor = MIN_INC_SHARE * cluster.server_gbps
     streams: Counter[str] = Counter()
     crossings: Counter[tuple[str, str]] = Counter()
     roots: list[tuple[int, str]] = []
     levels = 1
     for i, members in enumerate(groups):
         tors = Counter(cluster.server(s).tor_id for s in members)
-        streams.update(tors)
-        if len(tors) > 1:
-            levels = 2
-            # pod-level root: the ToR with most members, then most free aggregator
-            root = max(tors, key=lambda t: (tors[t], free.free_gbps(cluster, t), t))
-            roots.append((i, root))
-            root_pod = cluster.tors_by_id[root].pod_id
-            for t in tors:
-                if t != root:
-                    streams[root] += 1
-                    pod = cluster.tors_by_id[t].pod_id
-                    if pod != root_pod:
-                        crossings[(pod, root_pod)] += 1
+        if len(tors) == 1:
+            streams.update(tors)
+            continue
+        levels = 2
+        pods = Counter(cluster.server(s).pod_id for s in members)
+        # the root pod: most members, then most free spine aggregation
+        root_pod = max(pods, key=lambda p: (pods[p], free.free_gbps(cluster, p), p))
+        root_tor = max(
+            (t for t in tors if cluster.tors_by_id[t].pod_id == root_pod),
+            key=lambda t: (tors[t], t),
+        )
+        roots.append((i, root_tor))
+        into_root = 0
+        for pod in pods:
+            inputs = 0  # streams into this pod's spine
+            for t, n in tors.items():
+                if cluster.tors_by_id[t].pod_id != pod:
+                    continue
+                if n >= 2 and free.free_gbps(cluster, t) / n >= floor:
+                    streams[t] += n  # members into the ToR aggregator, one partial up
+                    inputs += 1
+                else:
+                    inputs += n  # one member, or a full ToR aggregator: straight up
+            if pod == root_pod:
+                into_root += inputs
+                continue
+            if inputs >= 2:
+                streams[pod] += inputs  # this pod's spine combines them first
+            into_root += 1  # one partial per pod over a circuit to the root spine
+            crossings[(pod, root_pod)] += 1
+        streams[root_pod] += into_root
     rate = cluster.server_gbps
     full = []
-    for tor_id, n in sorted(streams.items()):
-        avail = free.free_gbps(cluster, tor_id)
-        cap = cluster.tors_by_id[tor_id].aggregator_gbps
-        if avail / n < MIN_INC_SHARE * cluster.server_gbps:
-            full.append(f"{tor_id} {avail:g}/{cap:g} Gbps free for {n} streams")
+    for sw, n in sorted(streams.items()):
+        avail = free.free_gbps(cluster, sw)
+        cap = aggregator_capacity(cluster, sw)
+        if avail / n < floor:
+            full.append(f"{sw} {avail:g}/{cap:g} Gbps free for {n} streams")
         rate = min(rate, avail / n)
     if pod_gbps is not None and crossings:
         rate = min(rate, _per_flow_bps(cluster, crossings, pod_gbps) * 8 / 1e9)
@@ -285,8 +328,8 @@ def _inc_offer(
     if rate <= 0:
         return _IncOffer(0.0, (), levels, tuple(roots), "no optical circuits to the INC root")
     grants = tuple(
-        AggregatorGrant(t, job_id, min(n * rate, free.free_gbps(cluster, t)))
-        for t, n in sorted(streams.items())
+        AggregatorGrant(sw, job_id, min(n * rate, free.free_gbps(cluster, sw)))
+        for sw, n in sorted(streams.items())
     )
     return _IncOffer(rate, grants, levels, tuple(roots), "")
 
@@ -406,8 +449,8 @@ def reestimate(
     # INC keeps exactly its grants: offer against a ledger holding only them
     free_ledger = AggregatorLedger(
         tuple(
-            AggregatorGrant(t.id, "", t.aggregator_gbps - ledger.used_gbps(t.id))
-            for t in (cluster.tors_by_id[x] for x in choice.aggregators)
+            AggregatorGrant(x, "", aggregator_capacity(cluster, x) - ledger.used_gbps(x))
+            for x in choice.aggregators
         )
     )
     costs, _ = estimate_costs(
@@ -425,3 +468,28 @@ def reestimate(
         choice.costs,
         choice.root_tors,
     )
+
+
+def choose_iteration_collective(
+    cluster: Cluster,
+    job: Job,
+    placement: Placement,
+    ledger: AggregatorLedger,
+    current: CollectiveChoice,
+    pod_gbps: Mapping[tuple[str, str], float] | None = None,
+) -> CollectiveChoice:
+    """The collective for the job's next iteration, given the aggregators free now.
+
+    `ledger` holds every job's grants (the job's own are set aside). When
+    aggregators have freed up so that INC is now the cheapest, the job switches
+    to INC; when they filled so that INC is unavailable or no longer cheapest,
+    it falls back (a job that forced INC keeps it while it is available). An
+    unchanged choice is returned as is (same object), so callers can tell a
+    change by identity and write a routing header only then.
+    """
+    fresh = choose_collective(cluster, job, placement, ledger, pod_gbps)
+    if fresh.algorithm == current.algorithm and fresh.aggregators == current.aggregators:
+        return current
+    if not fresh.inc and not current.inc:
+        return current  # the ring/tree choice is placement's; only INC follows aggregators
+    return replace(fresh, reason=f"per iteration: {fresh.reason}")

@@ -40,9 +40,10 @@ import math
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from .allocation import EMPTY_ALLOCATION, JobDemand, PortAllocation, allocate_ports, job_demand
 from .circuits import PodCircuits, evaluate_circuits, port_bound_s
 from .cluster import Cluster
-from .collective import AggregatorLedger
+from .collective import AggregatorLedger, choose_iteration_collective
 from .cross_connects import (
     CrossConnect,
     changed_cross_connects,
@@ -65,7 +66,7 @@ from .fabric import (
     plan_topology,
     route_phases,
 )
-from .job import Job, Placement
+from .job import Collective, Job, Placement
 from .plan_signature import EMPTY_PLAN_ID, PlanCatalog, PodDemand, classify_plan
 from .predictor import DEFAULT_ALGORITHM, PredictorState, new_predictor
 from .predictor import step as step_predictor
@@ -78,6 +79,8 @@ ARRIVALS_KEPT = 64
 INSTALLS_KEPT = 16
 # a plan's own circuits must beat the held ones by this much to be worth a rewiring
 MIN_GAIN = 0.01
+# a re-allocation waits at most this long for a job's compute gap
+MAX_DEFER_S = 5.0
 
 # the `network.mode` of GET /v1/jobs/{id}
 NETWORK_ISOLATED = "isolated"
@@ -250,6 +253,13 @@ class ControllerState:
     cycles: Mapping[str, JobCycle] = field(default_factory=dict)
     turn_started_s: float = 0.0
     now_s: float = 0.0
+    allocation: PortAllocation = EMPTY_ALLOCATION  # every job's ports by demand
+    demands: Mapping[str, JobDemand] = field(default_factory=dict)
+    # a re-allocation that takes circuits from a running job waits for its compute
+    # gap: its old cross-connects stay, its new ones (and others' that need its
+    # ports) are pending until then
+    deferred: Mapping[str, float] = field(default_factory=dict)  # job -> since when
+    pending: tuple[CrossConnect, ...] = ()
 
     def cycle(self, job_id: str) -> JobCycle | None:
         return self.cycles.get(job_id)
@@ -270,6 +280,11 @@ def new_controller(cluster: Cluster, config: ControllerConfig) -> ControllerStat
 def step(state: ControllerState, event: Event) -> tuple[ControllerState, tuple[Decision, ...]]:
     """Apply one event; the decisions are what the switches and hosts must be told."""
     state = replace(state, now_s=max(state.now_s, event.at_s))
+    if state.deferred and isinstance(event, JobPlaced | JobCompleted | PortsChanged):
+        # what waited for a compute gap goes in before the next re-allocation
+        state, flushed = _apply_deferred(state, tuple(state.deferred), event.at_s, "allocation")
+        state, decisions = step(state, event)
+        return state, flushed + decisions
     if isinstance(event, JobPlaced):
         return _placed(state, event)
     if isinstance(event, JobCompleted):
@@ -311,7 +326,10 @@ def _placed(state: ControllerState, e: JobPlaced) -> tuple[ControllerState, tupl
     jobs = state.jobs + (PlacedJob(e.job, e.placement),)
     cycles = dict(state.cycles)
     cycles[e.job.job_id] = JobCycle(new_predictor(state.config.predictor))
-    return _reallocate(replace(state, cycles=cycles), jobs, "arrival", e.at_s, grow=False)
+    demands = dict(state.demands)
+    demands[e.job.job_id] = job_demand(state.cluster, e.job, e.placement)
+    state = replace(state, cycles=cycles, demands=demands)
+    return _reallocate(state, jobs, "arrival", e.at_s, grow=False)
 
 
 def _completed(
@@ -321,14 +339,9 @@ def _completed(
         return state, ()
     jobs = tuple(pj for pj in state.jobs if pj.job.job_id != e.job_id)
     cycles = {k: v for k, v in state.cycles.items() if k != e.job_id}
-    # only the pods where the job held ports have more to give
-    freed = {p for cc in state.desired if cc.job_id == e.job_id for p in _pods_of(state, cc)}
-    gone = state.job_fabric(e.job_id)
-    if gone is not None:
-        freed.update(p for p, _ in gone.slice.pod_ports)
-    return _reallocate(
-        replace(state, cycles=cycles), jobs, "completion", e.at_s, grow=True, freed=freed
-    )
+    demands = {k: v for k, v in state.demands.items() if k != e.job_id}
+    state = replace(state, cycles=cycles, demands=demands)
+    return _reallocate(state, jobs, "completion", e.at_s, grow=True)
 
 
 def _pods_of(state: ControllerState, cc: CrossConnect) -> tuple[str, ...]:
@@ -388,27 +401,196 @@ def _reallocate(
 ) -> tuple[ControllerState, tuple[Decision, ...]]:
     cluster = state.cluster
     previous = state.fabric
-    if previous is not None and grow:
-        growers = _growers(cluster, previous, jobs, freed)
-        if growers:  # planned afresh, they take the freed ports
-            previous = replace(
-                previous, jobs=tuple(j for j in previous.jobs if j.job_id not in growers)
-            )
+    # every arrival and completion re-allocates ports by demand; a job whose
+    # allocation changed is planned afresh, the others keep their cross-connects
+    demands = [
+        state.demands.get(pj.job.job_id) or job_demand(cluster, pj.job, pj.placement) for pj in jobs
+    ]
+    before_alloc = state.allocation
+    allocation = allocate_ports(
+        cluster, demands, previous=before_alloc if before_alloc.jobs else None
+    )
+    changed_alloc = {ja.job_id for ja in allocation.jobs if before_alloc.job(ja.job_id) != ja}
+    if before_alloc.turn_order != allocation.turn_order:
+        changed_alloc |= set(before_alloc.turn_order) | set(allocation.turn_order)
+    if previous is not None and changed_alloc:
+        previous = replace(
+            previous, jobs=tuple(j for j in previous.jobs if j.job_id not in changed_alloc)
+        )
     ledger = state.fabric.aggregators if state.fabric is not None else AggregatorLedger()
     active = state.turn_order[0] if state.turn_order else None
     fabric = plan_fabric(
-        cluster, jobs, state.desired, ledger, previous, tdm_active=active, keep_turns=not grow
+        cluster,
+        jobs,
+        state.desired,
+        ledger,
+        previous,
+        tdm_active=active,
+        keep_turns=not grow,
+        allocation=allocation,
     )
+    state = replace(state, allocation=allocation)
     before = state.fabric or FabricPlan((), state.desired, 0.0, ledger, (), ())
     before = replace(
         before, cross_connects=state.desired if before_desired is None else before_desired
     )
-    changes = changed_cross_connects(before.cross_connects, fabric.cross_connects)
-    decisions = diff_plans(before, fabric, reason, changes)
-    state = replace(state, jobs=jobs, fabric=fabric, desired=fabric.cross_connects)
+    desired, pending, deferred = _defer_to_gaps(
+        state, jobs, before.cross_connects, fabric.cross_connects, at_s
+    )
+    decisions = diff_plans(before, replace(fabric, cross_connects=desired), reason)
+    state = replace(
+        state,
+        jobs=jobs,
+        fabric=fabric,
+        desired=desired,
+        pending=pending,
+        deferred={j: at_s for j in deferred},
+    )
     if active is None or not fabric.time_division or fabric.time_division[0] != active:
         state = replace(state, turn_started_s=at_s)
-    changed = _jobs_changed(before.cross_connects, fabric.cross_connects, changes)
+    changed = _jobs_changed(
+        before.cross_connects, desired, changed_cross_connects(before.cross_connects, desired)
+    )
+    state = _record_installs(state, changed, at_s)
+    state, follow = _follow_aggregators(state, ledger, changed_alloc, reason)
+    return state, decisions + follow
+
+
+def _follow_aggregators(
+    state: ControllerState, before: AggregatorLedger, planned: set[str], reason: str
+) -> tuple[ControllerState, tuple[Decision, ...]]:
+    """Per-iteration INC choice: when an arrival or completion fills or frees aggregators,
+    running jobs under those switches re-choose for their next iteration (INC, or a
+    ring when the aggregators are full) and their dp routing header says so."""
+    fabric = state.fabric
+    if fabric is None:
+        return state, ()
+    moved = {(g.tor_id, g.job_id, g.gbps) for g in before.grants} ^ {
+        (g.tor_id, g.job_id, g.gbps) for g in fabric.aggregators.grants
+    }
+    switches = {sw for sw, _, _ in moved}
+    if not switches:
+        return state, ()
+    cluster = state.cluster
+    ledger = fabric.aggregators
+    jobs = {pj.job.job_id: pj.job for pj in state.jobs}
+    decisions: list[Decision] = []
+    out = list(fabric.jobs)
+    for i, jf in enumerate(fabric.jobs):
+        job = jobs.get(jf.job_id)
+        if job is None or jf.job_id in planned or job.parallelism.dp < 2:
+            continue
+        if job.collective not in (Collective.AUTO, Collective.INC):
+            continue
+        near = set(jf.collective.aggregators)
+        for s in jf.placement.servers:
+            server = cluster.server(s)
+            near.update((server.tor_id, server.pod_id))
+        if not near & switches:
+            continue
+        pod_gbps = jf.circuits.gbps(cluster.nic_gbps) if jf.circuits.total else None
+        choice = choose_iteration_collective(
+            cluster, job, jf.placement, ledger, jf.collective, pod_gbps
+        )
+        if choice is jf.collective:
+            continue
+        ledger = ledger.release(jf.job_id).reserve(cluster, choice.grants)
+        new_jf = replace(jf, collective=choice)
+        state = replace(state, fabric=replace(fabric, jobs=tuple(out)))
+        fixed, routing = _with_circuits(state, new_jf, jf.circuits)
+        out[i] = next(j for j in (fixed.jobs if fixed else ()) if j.job_id == jf.job_id)
+        decisions += [
+            Decision("routing", jf.job_id, f"{reason}: aggregators", routing=r) for r in routing
+        ]
+    if not decisions:
+        return state, ()
+    fabric = replace(fabric, jobs=tuple(out), aggregators=ledger)
+    return replace(state, fabric=fabric), tuple(decisions)
+
+
+def _defer_to_gaps(
+    state: ControllerState,
+    jobs: Sequence[PlacedJob],
+    before: Sequence[CrossConnect],
+    after: Sequence[CrossConnect],
+    at_s: float,
+) -> tuple[tuple[CrossConnect, ...], tuple[CrossConnect, ...], frozenset[str]]:
+    """What to install now, what waits, and for whose compute gap.
+
+    A running job that loses cross-connects while its phases are predicted and
+    its next phase is too close for a reconfiguration keeps its old ones until
+    its gap; cross-connects of other jobs that need its ports wait with it.
+    Everything else (new circuits on free ports) is installed now.
+    """
+    old: dict[str, set[CrossConnect]] = {}
+    new: dict[str, set[CrossConnect]] = {}
+    for cc in before:
+        old.setdefault(cc.job_id, set()).add(cc)
+    for cc in after:
+        new.setdefault(cc.job_id, set()).add(cc)
+    running = {pj.job.job_id for pj in jobs}
+    deferred = set()
+    for job_id, had in old.items():
+        if job_id not in running or not had - new.get(job_id, set()):
+            continue
+        cycle = state.cycles.get(job_id)
+        if cycle is None or not cycle.confirmed_period or cycle.predictor.period is None:
+            continue  # nothing known of its gaps: the change goes now
+        gap = should_preinstall(
+            cycle.arrivals,
+            at_s,
+            state.config.reconfig_ms,
+            cycle.predictor.period,
+            guard_ms=state.config.guard_ms,
+        )
+        if not gap.fits:
+            deferred.add(job_id)
+    if not deferred:
+        return tuple(after), (), frozenset()
+    kept = [cc for cc in before if cc.job_id in deferred]
+    busy = {(cc.oxc_id, p) for cc in kept for p in (cc.port_a, cc.port_b)}
+    now: list[CrossConnect] = []
+    later: list[CrossConnect] = []
+    for cc in after:
+        if (
+            cc.job_id in deferred
+            or (cc.oxc_id, cc.port_a) in busy
+            or (cc.oxc_id, cc.port_b) in busy
+        ):
+            later.append(cc)
+        else:
+            now.append(cc)
+    desired = tuple(sorted(now + kept, key=lambda c: c.key))
+    return desired, tuple(later), frozenset(deferred)
+
+
+def _apply_deferred(
+    state: ControllerState, job_ids: Sequence[str], at_s: float, reason: str
+) -> tuple[ControllerState, tuple[Decision, ...]]:
+    """Install what waited for these jobs' compute gaps (and what waited on their ports)."""
+    going = set(job_ids) & set(state.deferred)
+    if not going:
+        return state, ()
+    still = {j: t for j, t in state.deferred.items() if j not in going}
+    mine = [cc for cc in state.pending if cc.job_id in going]
+    stay = [cc for cc in state.desired if cc.job_id not in going]
+    busy = {(cc.oxc_id, p) for cc in stay if cc.job_id in still for p in (cc.port_a, cc.port_b)}
+    freed: list[CrossConnect] = []
+    waiting: list[CrossConnect] = []
+    for cc in state.pending:
+        if cc.job_id in going:
+            continue
+        if cc.job_id in still or (cc.oxc_id, cc.port_a) in busy or (cc.oxc_id, cc.port_b) in busy:
+            waiting.append(cc)
+        else:
+            freed.append(cc)
+    desired = tuple(sorted(stay + mine + freed, key=lambda c: c.key))
+    decisions = tuple(
+        Decision("oxc", None, f"{reason}: compute gap", oxc=c)
+        for c in diff_cross_connects(state.desired, desired)
+    )
+    changed = _jobs_changed(state.desired, desired, changed_cross_connects(state.desired, desired))
+    state = replace(state, desired=desired, pending=tuple(waiting), deferred=still)
     return _record_installs(state, changed, at_s), decisions
 
 
@@ -529,6 +711,19 @@ def _observed(
     cycles = dict(state.cycles)
     cycles[e.job_id] = cycle
     state = replace(state, cycles=cycles)
+    if e.job_id in state.deferred:
+        gap = should_preinstall(
+            cycle.arrivals,
+            e.at_s,
+            state.config.reconfig_ms,
+            predictor.period,
+            guard_ms=state.config.guard_ms,
+        )
+        if gap.fits or e.at_s - state.deferred[e.job_id] > MAX_DEFER_S:
+            return _apply_deferred(state, (e.job_id,), e.at_s, "allocation")
+        return state, ()  # its re-allocation waits for a gap: no rewiring before it
+    if jf.slice.mode == MODE_TIME_DIVISION:
+        return _turn_for_phase(state, e.job_id, plan_id, e.at_s)
     if target is None or target == cycle.target:
         return state, ()
     return _rewire(state, jf, target, e.at_s)
@@ -610,7 +805,7 @@ def _rewire(
         return state, ()
     mine = tuple(cc for cc in state.desired if cc.job_id == jf.job_id)
     others = tuple(cc for cc in state.desired if cc.job_id != jf.job_id)
-    occupied = {(cc.oxc_id, p) for cc in others for p in (cc.port_a, cc.port_b)}
+    occupied = {(cc.oxc_id, p) for cc in others + state.pending for p in (cc.port_a, cc.port_b)}
     mapping = map_cross_connects(cluster, {jf.job_id: circuits}, mine, occupied)
     desired = tuple(sorted(others + mapping.cross_connects, key=lambda cc: cc.key))
     changes = diff_cross_connects(mine, mapping.cross_connects)
@@ -661,18 +856,56 @@ def _job_of(state: ControllerState, job_id: str) -> Job:
 
 def _tick(state: ControllerState, e: Tick) -> tuple[ControllerState, tuple[Decision, ...]]:
     """Rotate the turn on shared ports when it has lasted `turn_s` and others wait."""
+    overdue = [j for j, t in state.deferred.items() if e.at_s - t > MAX_DEFER_S]
+    if overdue:
+        state, flushed = _apply_deferred(state, overdue, e.at_s, "allocation")
+        state, rest = _tick(state, e)
+        return state, flushed + rest
     order = state.turn_order
     if len(order) < 2 or e.at_s - state.turn_started_s < state.config.turn_s:
         return state, ()
+    return _rotate_to(state, order[1], e.at_s)
+
+
+def _turn_for_phase(
+    state: ControllerState, job_id: str, plan_id: str, at_s: float
+) -> tuple[ControllerState, tuple[Decision, ...]]:
+    """CASSINI-style interleaving on shared ports: a sharer whose communication phase
+    has come takes the turn at once when the job holding it is in a compute gap
+    long enough to switch there and back (its next phase predicted further off)."""
+    order = state.turn_order
+    if plan_id == EMPTY_PLAN_ID or job_id not in order or order[0] == job_id:
+        return state, ()
+    holder = state.cycles.get(order[0])
+    if holder is None or holder.predictor.period is None or not holder.confirmed_period:
+        return state, ()  # nothing known of the holder's gaps: the clock rotates turns
+    gap = should_preinstall(
+        holder.arrivals,
+        at_s,
+        2 * state.config.reconfig_ms,
+        holder.predictor.period,
+        guard_ms=state.config.guard_ms,
+    )
+    if not gap.fits:
+        return state, ()
+    return _rotate_to(state, job_id, at_s)
+
+
+def _rotate_to(
+    state: ControllerState, job_id: str, at_s: float
+) -> tuple[ControllerState, tuple[Decision, ...]]:
+    """Give the turn on the shared ports to `job_id` (turn order rotated to it)."""
+    order = state.turn_order
     fabric = state.fabric
     assert fabric is not None
-    rotated = order[1:] + order[:1]
+    i = order.index(job_id)
+    rotated = order[i:] + order[:i]
     head = fabric.job(rotated[0])
     leaving = order[0]
     if head is None:
         return state, ()
     others = tuple(cc for cc in state.desired if cc.job_id not in (leaving, head.job_id))
-    occupied = {(cc.oxc_id, p) for cc in others for p in (cc.port_a, cc.port_b)}
+    occupied = {(cc.oxc_id, p) for cc in others + state.pending for p in (cc.port_a, cc.port_b)}
     old = tuple(cc for cc in state.desired if cc.job_id in (leaving, head.job_id))
     mapping = map_cross_connects(state.cluster, {head.job_id: head.plan.circuits}, old, occupied)
     desired = tuple(sorted(others + mapping.cross_connects, key=lambda cc: cc.key))
@@ -683,7 +916,7 @@ def _tick(state: ControllerState, e: Tick) -> tuple[ControllerState, tuple[Decis
         state,
         fabric=replace(fabric, time_division=rotated),
         desired=desired,
-        turn_started_s=e.at_s,
+        turn_started_s=at_s,
     )
     real = realised_circuits(state.cluster, mapping.cross_connects, head.job_id)
     for jf_id, circuits in ((head.job_id, real), (leaving, PodCircuits((), ()))):
@@ -693,7 +926,7 @@ def _tick(state: ControllerState, e: Tick) -> tuple[ControllerState, tuple[Decis
         new_fabric, routing = _with_circuits(state, jf, circuits)
         state = replace(state, fabric=new_fabric)
         decisions += [Decision("routing", jf_id, "phase", routing=r) for r in routing]
-    state = _record_installs(state, {head.job_id: HELD_PLAN, leaving: OFF_TURN}, e.at_s)
+    state = _record_installs(state, {head.job_id: HELD_PLAN, leaving: OFF_TURN}, at_s)
     return state, tuple(decisions)
 
 
@@ -736,6 +969,16 @@ def network_view(state: ControllerState, job_id: str) -> NetworkView | None:
     return NetworkView(mode, tuple(ports), slowdown, reason)
 
 
+def free_uplinks(state: ControllerState) -> dict[str, int]:
+    """Uplink ports per pod no job's allocation (nor the shared pool) holds: what a new
+    job spanning pods could get there (`placement.place_job(..., ports_free=...)`)."""
+    free = {p.id: p.uplink_ports for p in state.cluster.pods}
+    for (_, pod), n in state.allocation.used_ports().items():
+        if pod in free:
+            free[pod] = max(0, free[pod] - n)
+    return free
+
+
 def _job_demand(cluster: Cluster, state: ControllerState, jf: JobFabric) -> DemandMatrix:
     traffic = job_traffic(
         cluster,
@@ -775,6 +1018,7 @@ __all__ = [
     "PortsChanged",
     "SwitchConfirmed",
     "Tick",
+    "free_uplinks",
     "network_view",
     "new_controller",
     "step",

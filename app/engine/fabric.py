@@ -23,8 +23,20 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from .allocation import (
+    MODE_ISOLATED as ALLOC_ISOLATED,
+)
+from .allocation import (
+    MODE_NONE as ALLOC_NONE,
+)
+from .allocation import (
+    JobAllocation,
+    PortAllocation,
+    map_allocation,
+    pair_circuits,
+)
 from .circuits import CircuitPlan, PodCircuits, evaluate_circuits, plan_circuits
 from .cluster import Cluster
 from .collective import AggregatorLedger, CollectiveChoice, choose_collective, reestimate
@@ -251,12 +263,18 @@ def plan_fabric(
     previous: FabricPlan | None = None,
     tdm_active: str | None = None,
     keep_turns: bool = False,
+    allocation: PortAllocation | None = None,
 ) -> FabricPlan:
     """Plan every placed job's collective, slice, cross-connects and routing.
 
     `jobs` in arrival order (earlier jobs keep priority for ports). Jobs whose
     placement equals their entry in `previous` keep collective, slice and circuits.
     `current` is what the OXCs hold; changes to it are minimal.
+
+    With `allocation` (`allocation.allocate_ports`), a re-planned job's slice is
+    its allocation: isolated jobs get exactly the allocated circuits on the
+    allocated OXCs (a circuit whose OXC no longer has both ports free goes to
+    any OXC that has), shared jobs take turns on the allocation's pool.
     """
     present = {pj.job.job_id for pj in jobs}
     ledger = AggregatorLedger(tuple(g for g in aggregators.grants if g.job_id in present))
@@ -323,13 +341,23 @@ def plan_fabric(
         )
         phases = {t.phase: t.pod_demand for t in traffic}
         combined = phases[PHASE_PP].plus(phases[PHASE_DP])
-        slc = _slice(cluster, job_id, combined, pj.placement, free)
+        if allocation is not None:
+            slc = _allocated_slice(job_id, allocation.job(job_id), combined)
+        else:
+            slc = _slice(cluster, job_id, combined, pj.placement, free)
         drafts.append(
             _Draft(pj.job, pj.placement, choice, slc, traffic, combined, _EMPTY_PLAN, (), None)
         )
-    drafts, free = _reclaim_for_turns(cluster, drafts, free)
-    # time division shares what no isolated slice holds
-    pool = dict(free)
+    if allocation is None:
+        drafts, free = _reclaim_for_turns(cluster, drafts, free)
+        # time division shares what no isolated slice holds
+        pool = dict(free)
+    else:
+        # time division shares the allocation's pool
+        pool = {p.id: 0 for p in cluster.pods}
+        for _, pod_a, pod_b, n in allocation.pool:
+            pool[pod_a] += n
+            pool[pod_b] += n
     tdm = [d.job.job_id for d in drafts if d.slice.mode == MODE_TIME_DIVISION]
     if tdm_active in tdm:
         i = tdm.index(tdm_active)
@@ -339,6 +367,7 @@ def plan_fabric(
     for cc in current:
         held_by[cc.job_id].append(cc)
     wanted: dict[str, PodCircuits] = {}
+    allocated: dict[str, tuple[tuple[str, str, str, int], ...]] = {}
     untouched: list[CrossConnect] = []  # kept jobs' cross-connects, as the OXCs hold them
     untouched_jobs: set[str] = set()
     where = port_pods(cluster)
@@ -346,7 +375,14 @@ def plan_fabric(
     for d in drafts:
         if d.reused is None and d.slice.mode != MODE_NONE:
             budget = dict(d.slice.pod_ports) if d.slice.mode == MODE_ISOLATED else pool
-            plan = plan_circuits(_restrict(d.combined), budget, cluster.nic_gbps)
+            ja = allocation.job(d.job.job_id) if allocation is not None else None
+            if ja is not None and d.slice.mode == MODE_ISOLATED and ja.circuits:
+                # the allocation's circuits, evaluated for this job's demand
+                circuits = pair_circuits(cluster, ja.circuits)
+                plan = evaluate_circuits(_restrict(d.combined), circuits, budget, cluster.nic_gbps)
+                allocated[d.job.job_id] = ja.circuits
+            else:
+                plan = plan_circuits(_restrict(d.combined), budget, cluster.nic_gbps)
             phase_plans = tuple(
                 (t.phase, plan_circuits(_restrict(t.pod_demand), budget, cluster.nic_gbps))
                 for t in d.traffic
@@ -369,12 +405,32 @@ def plan_fabric(
             if held:
                 untouched.extend(held)
                 untouched_jobs.add(job_id)
+        elif installs and job_id in allocated:
+            pass  # mapped on the allocated OXCs below
         elif installs and d.plan.circuits.total:
             wanted[job_id] = d.plan.circuits
-    occupied = {(cc.oxc_id, cc.port_a) for cc in untouched}
-    occupied.update((cc.oxc_id, cc.port_b) for cc in untouched)
-    mapping = map_cross_connects(
+    occupied = [(cc.oxc_id, p) for cc in untouched for p in (cc.port_a, cc.port_b)]
+    exact = map_allocation(
+        cluster, allocated, (cc for cc in current if cc.job_id in allocated), occupied
+    )
+    if exact.unmapped:
+        # what the allocated OXCs cannot hold (a kept job holds a phase topology
+        # there) goes to any OXC with a free port on both pods
+        missing: dict[str, list[tuple[str, str, int]]] = defaultdict(list)
+        for job_id, a, b, n in exact.unmapped:
+            missing[job_id].append((a, b, n))
+        pods = tuple(p.id for p in cluster.pods)
+        for job_id, pairs in missing.items():
+            wanted[job_id] = PodCircuits.from_pairs(pods, pairs)
+    occupied += [(cc.oxc_id, p) for cc in exact.cross_connects for p in (cc.port_a, cc.port_b)]
+    rest = map_cross_connects(
         cluster, wanted, (cc for cc in current if cc.job_id in wanted), occupied
+    )
+    mapping = replace(
+        rest,
+        cross_connects=tuple(sorted(exact.cross_connects + rest.cross_connects)),
+        kept=rest.kept + exact.kept,
+        added=rest.added + exact.added,
     )
     by_job: dict[str, list[CrossConnect]] = defaultdict(list)
     for cc in mapping.cross_connects:
@@ -391,6 +447,15 @@ def plan_fabric(
     cross_connects = tuple(sorted(untouched + list(mapping.cross_connects), key=lambda c: c.key))
     mlu = max((j.plan.mlu for j in out if j.slice.mode == MODE_ISOLATED), default=0.0)
     return FabricPlan(tuple(out), cross_connects, mlu, ledger, tuple(tdm), mapping.unmapped)
+
+
+def _allocated_slice(job_id: str, ja: JobAllocation | None, demand: DemandMatrix) -> JobSlice:
+    """The slice an allocation gives: isolated ports, turns on the pool, or none."""
+    if ja is None or ja.mode == ALLOC_NONE or not demand.total_bytes:
+        return JobSlice(job_id, MODE_NONE, (), "no inter-pod traffic")
+    if ja.mode == ALLOC_ISOLATED:
+        return JobSlice(job_id, MODE_ISOLATED, ja.pod_ports, ja.reason)
+    return JobSlice(job_id, MODE_TIME_DIVISION, (), ja.reason)
 
 
 _EMPTY_PLAN = CircuitPlan(PodCircuits((), ()), 0.0, 0.0, (), "none")

@@ -19,6 +19,18 @@ class Collective(StrEnum):
     HIERARCHICAL_RING = "hierarchical_ring"
 
 
+class PipelineSchedule(StrEnum):
+    """How a job runs its micro-batches through the pipeline (the design notes' default: GPipe).
+
+    GPipe runs every micro-batch's forward pass before the backward passes, so
+    the first stage holds all of the iteration's micro-batches' activations;
+    1F1B alternates once the pipeline is full and holds at most pp of them.
+    """
+
+    GPIPE = "gpipe"
+    ONE_F_ONE_B = "1f1b"
+
+
 class JobState(StrEnum):
     QUEUED = "queued"
     PLACED = "placed"
@@ -87,6 +99,7 @@ class Job:
     deadline: float | None = None  # seconds since the epoch
     submitted_order: int = 0  # arrival order, ties broken by it in every queue policy
     walltime_s: float | None = None  # the launcher's runtime estimate, for EASY backfill
+    schedule: PipelineSchedule = PipelineSchedule.GPIPE
 
     @property
     def servers_needed(self) -> int:

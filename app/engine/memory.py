@@ -20,6 +20,8 @@ Sources of the accounting:
   keeps only each layer's input, 2*s*b*h bytes (divided by t under sequence
   parallelism). With 1F1B the first stage holds pp micro-batches of its L/pp
   layers, so L layers' worth in all (their eq. 5, small embedding terms left out).
+  GPipe (Huang et al., NeurIPS'19) runs all m forward passes before the
+  backward passes, so its first stage holds all m micro-batches (`in_flight`).
 
 The note's M_gradient(b) grows with b; parameter gradients do not (their size is
 the parameter count), and the activation gradients of the backward pass are the
@@ -32,7 +34,8 @@ import math
 from dataclasses import dataclass
 from enum import StrEnum
 
-from .job import Job
+from .job import Job, PipelineSchedule
+from .traffic import MICROBATCHES_PER_STAGE
 
 # Megatron's GPT configurations use 128-wide attention heads from 7.5B upward
 # (data/tables/megatron_sc21_table1.csv); used when heads are not given.
@@ -70,7 +73,7 @@ class MemorySetup:
     # the layer-norm and dropout activations over t as well (Korthikanti section 4.2.2).
     sequence_parallel: bool = True
     # Micro-batches whose activations the first stage holds; None: pp (1F1B). GPipe
-    # holds all of the iteration's micro-batches.
+    # holds all of the iteration's micro-batches (`in_flight` computes it).
     microbatches_in_flight: int | None = None
 
     def __post_init__(self) -> None:
@@ -196,6 +199,20 @@ def memory_bytes(setup: MemorySetup, microbatch: int) -> MemoryBreakdown:
     return MemoryBreakdown(round(fixed), round(activations), round(grads))
 
 
+def in_flight(schedule: PipelineSchedule, pp: int, microbatches: int | None) -> int:
+    """Micro-batches whose activations the first stage holds at the peak.
+
+    GPipe: every micro-batch of the iteration (forward passes all run before the
+    first backward); 1F1B: at most pp (the warm-up depth), fewer if the
+    iteration has fewer micro-batches. Micro-batches default to 4 * pp. Without a
+    pipeline (pp = 1) micro-batches are gradient-accumulation steps: one at a time.
+    """
+    if pp <= 1:
+        return 1
+    m = microbatches or MICROBATCHES_PER_STAGE * pp
+    return m if schedule is PipelineSchedule.GPIPE else min(pp, m)
+
+
 def max_microbatch(
     setup: MemorySetup, gpu_memory_bytes: float, *, limit: int = MAX_MICROBATCH
 ) -> BatchAdvice:
@@ -228,6 +245,7 @@ def setup_for_job(job: Job, *, tp: int, zero_stage: int = 0) -> MemorySetup | No
     except ValueError:
         optimizer = Optimizer.ADAM  # an unknown optimizer is judged like Adam (the usual)
     par = job.parallelism
+    flight = in_flight(job.schedule, par.pp, model.microbatches)
     return MemorySetup(
         parameters=model.parameters,
         bytes_per_parameter=model.bytes_per_parameter or 2.0,
@@ -240,6 +258,7 @@ def setup_for_job(job: Job, *, tp: int, zero_stage: int = 0) -> MemorySetup | No
         pp=par.pp,
         dp=par.dp,
         zero_stage=zero_stage,
+        microbatches_in_flight=flight,
     )
 
 

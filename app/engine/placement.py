@@ -10,8 +10,12 @@ A job with degrees (ep, dp, pp) is dp*pp EP groups of ep servers; a unit is
 1. Slots (fragmentation): pick ToRs that hold whole EP groups, fewest pods and
    ToRs first, best-fit for the tail, so partly used ToRs and pods are filled
    before whole ones are broken up. Free servers stay in large blocks and a big
-   job still finds whole pods later; a job waits only when the cluster has too
-   few ToR-whole EP slots in total.
+   job still finds whole pods later. When the free ToRs hold too few whole EP
+   groups, groups may span the ToRs of one pod (the pod's non-blocking
+   electrical Clos carries their all-to-all; the reason says so), never pods;
+   a job waits only when the pods hold too few EP groups. A job spanning pods
+   prefers pods with free uplink ports (`ports_free`); one inside a pod prefers
+   pods whose uplinks are taken.
 2. Layout (communication): map the groups onto those slots in a few candidate
    orders (a stage's DP replicas together, whole pipelines together, or DP ranks
    blocked by pod) and keep the one with the lowest estimated iteration
@@ -20,9 +24,10 @@ A job with degrees (ep, dp, pp) is dp*pp EP groups of ep servers; a unit is
    estimates, so operators can see why.
 
 The DP estimate is the collective engine's (`collective.estimate_costs`, SPEC
-section 4 item 2), fed with the circuits the job may get: its share of each pod's
-uplinks, split over the pods it spans. The PP estimate (GPipe sends on the
-slowest edge) is here, as the collective engine has none.
+section 4 item 2), fed with the circuits the job would really get: the free
+uplinks of each pod (at most servers x NICs), split over the pods it spans.
+The PP estimate (GPipe sends on the slowest edge) is here, as the collective
+engine has none.
 """
 
 from __future__ import annotations
@@ -38,9 +43,10 @@ from .job import Collective, Job, Placement, Unit, Unplaceable
 from .traffic import ALGO_INC, ALGO_RING, ALGO_TREE, resolve_facts
 
 NEVER_TOO_MANY_SERVERS = "needs more servers than the cluster has"
-NEVER_EP_WIDER_THAN_TOR = "an EP group needs more servers than any ToR holds"
-NEVER_TOO_MANY_EP_GROUPS = "the cluster's ToRs cannot hold that many EP groups at once"
-NOT_NOW_BUSY = "not enough free servers in whole-ToR EP groups right now"
+NEVER_EP_WIDER_THAN_POD = "an EP group needs more servers than any pod holds"
+NEVER_TOO_MANY_EP_GROUPS = "the cluster's pods cannot hold that many EP groups at once"
+NOT_NOW_BUSY = "not enough free servers for whole EP groups inside pods right now"
+EP_SPANS_TORS = "EP group(s) span ToRs of one pod (its electrical Clos carries the all-to-all)"
 
 # Grant holder standing for every other job in the ledger built from free capacity.
 _OTHERS = "(other jobs)"
@@ -50,10 +56,10 @@ _C = TypeVar("_C", Pod, Tor)
 
 @dataclass(frozen=True, slots=True)
 class _Slot:
-    """Room for one EP group: `ep` free servers under one ToR."""
+    """Room for one EP group: `ep` free servers under one ToR (or, spanning, one pod)."""
 
     servers: tuple[str, ...]
-    tor_id: str
+    tor_id: str  # "" when the group spans ToRs of its pod
     pod_id: str
 
 
@@ -77,10 +83,10 @@ def never_fits(cluster: Cluster, job: Job) -> tuple[str, ...]:
     reasons = []
     if par.servers > cluster.server_count:
         reasons.append(f"{NEVER_TOO_MANY_SERVERS}: {par.servers} > {cluster.server_count}")
-    widest = max((len(t.servers) for p in cluster.pods for t in p.tors), default=0)
+    widest = max((len(p.servers) for p in cluster.pods), default=0)
     if par.ep > widest:
-        reasons.append(f"{NEVER_EP_WIDER_THAN_TOR}: ep={par.ep} > {widest}")
-    elif par.dp * par.pp > sum(len(t.servers) // par.ep for p in cluster.pods for t in p.tors):
+        reasons.append(f"{NEVER_EP_WIDER_THAN_POD}: ep={par.ep} > {widest}")
+    elif par.dp * par.pp > sum(len(p.servers) // par.ep for p in cluster.pods):
         reasons.append(NEVER_TOO_MANY_EP_GROUPS)
     return tuple(reasons)
 
@@ -91,33 +97,47 @@ def place_job(
     job: Job,
     *,
     aggregator_free_gbps: Mapping[str, float] | None = None,
+    ports_free: Mapping[str, int] | None = None,
 ) -> Placement | Unplaceable:
     """Place every unit of `job` on distinct servers from `free`, or say why not.
 
     `aggregator_free_gbps` maps ToR id to the INC capacity other jobs leave free
     (default: every ToR's full `aggregator_gbps`); it steers ties toward idle
-    aggregators and feeds the INC estimate.
+    aggregators and feeds the INC estimate. `ports_free` maps pod id to the
+    uplink ports no other job's slice holds (default: all of them): a job that
+    spans pods prefers pods with free uplinks and is estimated on the circuits
+    it would really get there; a job inside one pod prefers pods whose uplinks
+    are taken, leaving free ones to jobs that need them.
     """
     reasons = never_fits(cluster, job)
     if reasons:
         return Unplaceable(job.job_id, reasons, never_fits=True)
     agg = aggregator_free_gbps or {}
+    ports = (
+        dict(ports_free) if ports_free is not None else {p.id: p.uplink_ports for p in cluster.pods}
+    )
     ledger = _ledger(cluster, agg)
-    slots = _choose_slots(cluster, free, job, agg)
+    slots = _choose_slots(cluster, free, job, agg, ports)
     if slots is None:
         return Unplaceable(job.job_id, (NOT_NOW_BUSY,))
-    best: tuple[LayoutEstimate, list[Unit]] | None = None
-    estimates = []
+    scored: list[tuple[LayoutEstimate, list[Unit], int]] = []
     for name, order in _candidate_orders(job, slots):
         units = _units(order, slots)
-        estimate = _estimate(cluster, job, units, name, ledger)
-        estimates.append(estimate)
-        if best is None or estimate.total_s < best[0].total_s:
-            best = (estimate, units)
-    assert best is not None  # there is always at least one candidate order
+        scored.append((_estimate(cluster, job, units, name, ledger, ports), units, len(scored)))
+    estimates = [e for e, _, _ in scored]
+    fastest = min(e.total_s for e in estimates)
+    # ties (within 0.1%) go to the layout whose DP groups straddle fewest ToRs:
+    # aggregation then stays in one switch and spreads over switches
+    chosen = min(
+        scored,
+        key=lambda c: (c[0].total_s > fastest * 1.001, _straddling(cluster, c[1]), c[2]),
+    )
+    best = (chosen[0], chosen[1])
     pods = len({s.pod_id for s in slots})
-    tors = len({s.tor_id for s in slots})
+    tors = len({cluster.server(u.server).tor_id for u in best[1]})
     reason = _reason(best[0], estimates, pods, tors)
+    if any(not s.tor_id for s in slots):
+        reason += "; " + EP_SPANS_TORS
     return Placement(job.job_id, tuple(best[1]), reason=reason)
 
 
@@ -125,9 +145,17 @@ def place_job(
 
 
 def _choose_slots(
-    cluster: Cluster, free: Set[str], job: Job, agg: Mapping[str, float]
+    cluster: Cluster,
+    free: Set[str],
+    job: Job,
+    agg: Mapping[str, float],
+    ports: Mapping[str, int],
 ) -> list[_Slot] | None:
-    """EP-group slots for the job: fewest pods, then fewest ToRs, best-fit at the tail."""
+    """EP-group slots for the job: fewest pods, then fewest ToRs, best-fit at the tail.
+
+    EP groups stay under one ToR while the free ToRs hold enough of them; when
+    they do not, groups may span the ToRs of one pod (never pods).
+    """
     ep = job.parallelism.ep
     need = job.parallelism.dp * job.parallelism.pp
     free_by_tor: dict[str, list[str]] = {}
@@ -142,22 +170,22 @@ def _choose_slots(
             count += len(ids)
         pod_cap[pod.id] = cap
         pod_free[pod.id] = count
-    if sum(pod_cap.values()) < need:
-        return None
-    if need * ep <= max(len(t.servers) for p in cluster.pods for t in p.tors):
-        single = _best_single_tor(cluster, free_by_tor, pod_free, need, ep, agg)
+    spanning = sum(pod_cap.values()) < need
+    if spanning:
+        # no ToR-whole room: an EP group may take servers from several ToRs of a pod
+        pod_cap = {p: n // ep for p, n in pod_free.items()}
+        if sum(pod_cap.values()) < need:
+            return None
+    elif need * ep <= max(len(t.servers) for p in cluster.pods for t in p.tors):
+        single = _best_single_tor(cluster, free_by_tor, pod_free, need, ep, agg, ports)
         if single is not None:
             return _slots_in(single, free_by_tor[single.id], need, ep)
-    pods = _pick(
-        [(p, pod_cap[p.id]) for p in cluster.pods],
-        need,
-        # Tail tie-break: leave the least free servers behind in that pod.
-        tail_key=lambda p, cap: (pod_free[p.id] - need * ep, p.id),
-        largest_first=True,
-    )
+    pods = _pick_pods(cluster, pod_cap, pod_free, need, ep, ports)
     slots: list[_Slot] = []
-    remaining = need
     for pod, take in pods:
+        if spanning:
+            slots.extend(_spanning_slots(pod, free_by_tor, take, ep))
+            continue
         tors = _pick(
             [(t, len(free_by_tor[t.id]) // ep) for t in pod.tors],
             take,
@@ -166,8 +194,93 @@ def _choose_slots(
         )
         for tor, k in tors:
             slots.extend(_slots_in(tor, free_by_tor[tor.id], k, ep))
-        remaining -= take
-    assert remaining == 0, "slot accounting is broken"
+    assert len(slots) == need, "slot accounting is broken"
+    return slots
+
+
+# EP widths the pods' leftovers are kept divisible by, widest first
+_ALIGN = (8, 4, 2)
+
+
+def _misfit(left: int) -> int:
+    """How badly a pod's leftover free servers divide into EP groups: 0 when by 8."""
+    for k, width in enumerate(_ALIGN):
+        if left % width == 0:
+            return k
+    return len(_ALIGN)
+
+
+def _pick_pods(
+    cluster: Cluster,
+    pod_cap: Mapping[str, int],
+    pod_free: Mapping[str, int],
+    need: int,
+    ep: int,
+    ports: Mapping[str, int],
+) -> list[tuple[Pod, int]]:
+    """Pods and how many groups each takes: one pod if any holds the job, else fewest.
+
+    Inside one pod: best fit, ties to the pod with fewest free uplinks (the job
+    needs none). Across pods: the largest first, ties and the tail to pods with
+    free uplinks (the job's circuits need ports on every pod it spans).
+    """
+    pool = [p for p in cluster.pods if pod_cap[p.id] > 0]
+    fitting = [p for p in pool if pod_cap[p.id] >= need]
+    if fitting:
+        best = min(
+            fitting,
+            key=lambda p: (
+                _misfit(pod_free[p.id] - need * ep),
+                pod_cap[p.id],
+                pod_free[p.id],
+                ports[p.id],
+                p.id,
+            ),
+        )
+        return [(best, need)]
+
+    def uplinks(p: Pod) -> int:
+        return 0 if ports[p.id] > 0 else 1
+
+    pool.sort(key=lambda p: (uplinks(p), -pod_cap[p.id], -ports[p.id], p.id))
+    chosen: list[tuple[Pod, int]] = []
+    remaining = need
+    while remaining > 0:
+        tail = [p for p in pool if pod_cap[p.id] >= remaining]
+        if tail:
+            pod = min(
+                tail,
+                key=lambda p: (
+                    uplinks(p),
+                    pod_cap[p.id],
+                    pod_free[p.id] - remaining * ep,
+                    -ports[p.id],
+                    p.id,
+                ),
+            )
+            chosen.append((pod, remaining))
+            return chosen
+        pod = pool.pop(0)
+        chosen.append((pod, pod_cap[pod.id]))
+        remaining -= pod_cap[pod.id]
+    return chosen
+
+
+def _spanning_slots(
+    pod: Pod, free_by_tor: Mapping[str, list[str]], groups: int, ep: int
+) -> list[_Slot]:
+    """`groups` EP groups in one pod: ToR-whole ones first, then from the leftovers."""
+    slots: list[_Slot] = []
+    leftovers: list[str] = []
+    for tor in sorted(pod.tors, key=lambda t: -len(free_by_tor[t.id])):
+        ids = free_by_tor[tor.id]
+        whole = min(len(ids) // ep, groups - len(slots))
+        slots.extend(_slots_in(tor, ids, whole, ep))
+        leftovers.extend(ids[whole * ep :])
+    while len(slots) < groups:
+        k = len(slots) - sum(1 for s in slots if s.tor_id)
+        group = tuple(leftovers[k * ep : (k + 1) * ep])
+        slots.append(_Slot(group, "", pod.id))
     return slots
 
 
@@ -178,11 +291,13 @@ def _best_single_tor(
     need: int,
     ep: int,
     agg: Mapping[str, float],
+    ports: Mapping[str, int],
 ) -> Tor | None:
     """The ToR that fits the whole job leaving the fewest free servers behind.
 
     Ties go to the fullest pod (empty pods stay whole for big jobs), then to the
-    idlest aggregator (balances INC load), then to fabric order.
+    pod with fewest free uplinks (this job needs none), then to the idlest
+    aggregator (balances INC load), then to fabric order.
     """
     best: Tor | None = None
     best_key: tuple[float, ...] = ()
@@ -191,7 +306,13 @@ def _best_single_tor(
             n = len(free_by_tor[tor.id])
             if n // ep < need:
                 continue
-            key = (n - need * ep, pod_free[pod.id], -agg.get(tor.id, tor.aggregator_gbps))
+            key = (
+                _misfit(pod_free[pod.id] - need * ep),
+                n - need * ep,
+                pod_free[pod.id],
+                ports.get(pod.id, 0),
+                -agg.get(tor.id, tor.aggregator_gbps),
+            )
             if best is None or key < best_key:
                 best, best_key = tor, key
     return best
@@ -257,7 +378,58 @@ def _candidate_orders(job: Job, slots: Sequence[_Slot]) -> list[tuple[str, list[
     candidates = [("dp-together", stage_major), ("pipelines-together", dp_major)]
     if blocked not in (stage_major, dp_major):  # one pod: blocked is dp-together
         candidates.append(("pipelines-per-pod", blocked))
+    if job.collective in (Collective.AUTO, Collective.INC):
+        per_tor = _dp_groups_per_switch(par.pp, par.dp, slots)
+        if per_tor is not None and per_tor not in (stage_major, dp_major, blocked):
+            candidates.append(("dp-per-tor", per_tor))
     return candidates
+
+
+def _dp_groups_per_switch(pp: int, dp: int, slots: Sequence[_Slot]) -> list[tuple[int, int]] | None:
+    """Each stage's DP group under one ToR where one has room, else one pod (for INC).
+
+    Best fit: a group goes to the ToR (then pod) with the fewest free slots that
+    still hold it, so aggregation load spreads over switches instead of
+    straddling them. None when some group fits no single pod.
+    """
+    by_switch: dict[str, list[int]] = {}
+    for i, slot in enumerate(slots):
+        by_switch.setdefault(slot.tor_id or slot.pod_id, []).append(i)
+    order: list[tuple[int, int] | None] = [None] * len(slots)
+    for stage in range(pp):
+        fit = [k for k, v in by_switch.items() if len(v) >= dp]
+        if fit:
+            key = min(fit, key=lambda k: (len(by_switch[k]), k))
+            take = by_switch[key][:dp]
+            by_switch[key] = by_switch[key][dp:]
+        else:
+            pods: dict[str, list[str]] = {}
+            for k, v in by_switch.items():
+                if v:
+                    pods.setdefault(slots[v[0]].pod_id, []).append(k)
+            room = {p: sum(len(by_switch[k]) for k in ks) for p, ks in pods.items()}
+            fitting = [p for p, n in room.items() if n >= dp]
+            if not fitting:
+                return None
+            pod = min(fitting, key=lambda p: (room[p], p))
+            take = []
+            for k in sorted(pods[pod], key=lambda k: -len(by_switch[k])):
+                n = min(dp - len(take), len(by_switch[k]))
+                take += by_switch[k][:n]
+                by_switch[k] = by_switch[k][n:]
+        for d, i in enumerate(take):
+            order[i] = (stage, d)
+    if any(o is None for o in order):
+        return None
+    return [o for o in order if o is not None]
+
+
+def _straddling(cluster: Cluster, units: Sequence[Unit]) -> int:
+    """DP groups (stage, ep_rank) whose members sit under more than one ToR."""
+    tors: dict[tuple[int, int], set[str]] = {}
+    for u in units:
+        tors.setdefault((u.stage, u.ep_rank), set()).add(cluster.server(u.server).tor_id)
+    return sum(1 for t in tors.values() if len(t) > 1)
 
 
 def _units(order: Sequence[tuple[int, int]], slots: Sequence[_Slot]) -> list[Unit]:
@@ -282,12 +454,17 @@ def _ledger(cluster: Cluster, agg: Mapping[str, float]) -> AggregatorLedger:
 
 
 def _estimate(
-    cluster: Cluster, job: Job, units: Sequence[Unit], name: str, ledger: AggregatorLedger
+    cluster: Cluster,
+    job: Job,
+    units: Sequence[Unit],
+    name: str,
+    ledger: AggregatorLedger,
+    ports: Mapping[str, int],
 ) -> LayoutEstimate:
     """DP phase by `collective.estimate_costs`, PP phase by `_pp_phase_s`."""
     par = job.parallelism
     pod_of = {u.server: cluster.server(u.server).pod_id for u in units}
-    share = _uplink_share_gbps(cluster, pod_of)
+    share = _uplink_share_gbps(cluster, pod_of, ports)
     by_key = {(u.stage, u.dp_rank, u.ep_rank): u.server for u in units}
     pipelines = [
         [by_key[(s, d, e)] for s in range(par.pp)] for d in range(par.dp) for e in range(par.ep)
@@ -309,8 +486,12 @@ def _estimate(
     return LayoutEstimate(name, algorithm, costs[algorithm], pp_s)
 
 
-def _uplink_share_gbps(cluster: Cluster, pod_of: Mapping[str, str]) -> dict[str, float]:
-    """vClos-style isolation: a job gets the share of each pod's uplinks its servers hold.
+def _uplink_share_gbps(
+    cluster: Cluster, pod_of: Mapping[str, str], ports: Mapping[str, int]
+) -> dict[str, float]:
+    """The circuits the job would really get on each pod: the free uplinks, at most
+    what makes its servers there non-blocking (servers x NICs), at least one port
+    (the allocator serves every job, by turns if need be).
 
     The DP and PP phases are rewired separately (SPEC section 3), so each phase
     gets the whole share.
@@ -318,10 +499,11 @@ def _uplink_share_gbps(cluster: Cluster, pod_of: Mapping[str, str]) -> dict[str,
     count: dict[str, int] = {}
     for pod_id in pod_of.values():
         count[pod_id] = count.get(pod_id, 0) + 1
+    per_server = max(1, round(cluster.server_gbps / cluster.nic_gbps))
     out = {}
     for pod_id, n in count.items():
-        pod = cluster.pods_by_id[pod_id]
-        out[pod_id] = pod.uplink_ports * n / len(pod.servers) * cluster.nic_gbps
+        got = min(ports.get(pod_id, 0), n * per_server)
+        out[pod_id] = max(1, got) * cluster.nic_gbps
     return out
 
 

@@ -78,7 +78,8 @@ def reserve_for(cluster: Cluster, free: Set[str], job: Job) -> frozenset[str]:
     ToR it holds only the servers its EP groups need, free ones before busy ones,
     so the rest of the ToR stays open to backfill. Once the busy servers in the
     reservation are released the head fits there: `place_job` needs nothing but
-    whole-ToR EP slots, and backfilled jobs never take a reserved server.
+    whole-ToR EP slots, and backfilled jobs never take a reserved server. When
+    ToRs cannot hold its EP groups whole, it holds whole groups' worth per pod.
     """
     ep = job.parallelism.ep
     need = job.parallelism.dp * job.parallelism.pp
@@ -100,6 +101,18 @@ def reserve_for(cluster: Cluster, free: Set[str], job: Job) -> frozenset[str]:
         ordered = sorted(tor.servers, key=lambda s: s.id not in free)
         reserved.extend(s.id for s in ordered[: take * ep])
         need -= take
+    if need > 0:
+        # ToRs cannot hold its EP groups whole: they span the ToRs of a pod
+        # (as `place_job` then places them), emptiest pods first
+        reserved = []
+        need = job.parallelism.dp * job.parallelism.pp
+        for pod in sorted(cluster.pods, key=lambda p: (-pod_free[p.id], p.id)):
+            if need <= 0:
+                break
+            take = min(len(pod.servers) // ep, need)
+            ordered = sorted(pod.servers, key=lambda s: s.id not in free)
+            reserved.extend(s.id for s in ordered[: take * ep])
+            need -= take
     return frozenset(reserved)
 
 

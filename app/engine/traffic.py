@@ -257,8 +257,11 @@ def group_flows(
     ring and tree: ring order over fabric position (a double binary tree moves about
     2*S per node too, so its pod demand is modelled as the ring's). hierarchical
     ring: a ring inside each pod, then n_min rings across pods on S/n_min shards.
-    inc: each member sends S to its ToR aggregator and gets S back; with several
-    ToRs, every other ToR sends its partial S to `root_tor` and gets S back.
+    inc (two levels): each member sends S to its ToR aggregator and gets S back;
+    with several ToRs each ToR's partial goes to its pod's spine (inside the
+    pod), and each other pod's spine sends one partial S to the root pod (the
+    pod of `root_tor`) and gets S back: one flow per pod each way crosses the
+    optical layer, written between the pod's first ToR and `root_tor`.
     """
     if len(members) <= 1:
         return ()
@@ -269,8 +272,15 @@ def group_flows(
             tor_id = cluster.server(group[0]).tor_id
             for s in group:
                 flows += [Flow(s, tor_id, size_bytes), Flow(tor_id, s, size_bytes)]
-            if len(tors) > 1 and tor_id != root_tor:
-                flows += [Flow(tor_id, root_tor, size_bytes), Flow(root_tor, tor_id, size_bytes)]
+        if len(tors) > 1 and root_tor in cluster.tors_by_id:
+            root_pod = cluster.tors_by_id[root_tor].pod_id
+            for pod_group in _split_by(cluster, members, "pod"):
+                first = cluster.server(pod_group[0])
+                if first.pod_id != root_pod:
+                    flows += [
+                        Flow(first.tor_id, root_tor, size_bytes),
+                        Flow(root_tor, first.tor_id, size_bytes),
+                    ]
         return tuple(flows)
     if algorithm == ALGO_HIERARCHICAL_RING:
         pods = _split_by(cluster, members, "pod")

@@ -10,6 +10,7 @@ from app.engine.job import (
     Job,
     ModelFacts,
     Parallelism,
+    PipelineSchedule,
     Placement,
     Unit,
 )
@@ -30,6 +31,7 @@ def job_from_body(job_id: str, body: dict[str, Any], submitted_order: int) -> Jo
         deadline=body.get("deadline"),
         submitted_order=submitted_order,
         walltime_s=body.get("walltime_s"),
+        schedule=PipelineSchedule(body.get("schedule") or "gpipe"),
     )
 
 

@@ -14,7 +14,9 @@ from app.engine.collective import (
     REDUCE_S_PER_BYTE,
     AggregatorGrant,
     AggregatorLedger,
+    CollectiveChoice,
     choose_collective,
+    choose_iteration_collective,
     hierarchical_ring_time_s,
     inc_time_s,
     ring_time_s,
@@ -127,11 +129,15 @@ def test_forced_algorithm_is_honoured() -> None:
 
 
 def test_two_level_inc_across_pods_uses_a_root() -> None:
+    # one member per pod: no ToR combines anything, the root pod's spine takes both
     servers = [SMALL.pods[0].tors[0].servers[0].id, SMALL.pods[1].tors[0].servers[0].id]
     choice = choose_collective(
         SMALL, _job(2, collective=Collective.INC), _placement(servers), AggregatorLedger()
     )
-    assert choice.inc and len(choice.aggregators) == 2 and choice.root_tors
+    assert choice.inc and choice.root_tors
+    root_pod = SMALL.tors_by_id[choice.root_tors[0][1]].pod_id
+    assert choice.aggregators == (root_pod,)
+    assert {g.tor_id: g.gbps for g in choice.grants}[root_pod] <= 1600.0 + 1e-9
 
 
 def test_no_circuits_makes_ring_infinite_and_inc_avoids_it() -> None:
@@ -162,3 +168,79 @@ def test_aggregator_capacity_is_never_exceeded(jobs: list[tuple[int, int, Collec
             assert ledger.used_gbps(tor.id) <= tor.aggregator_gbps * (1 + 1e-9)
     released = ledger.release("j0")
     assert not released.of_job("j0")
+
+
+def test_inc_wins_across_pods_when_circuits_are_scarce() -> None:
+    """Two pods, 4 members each under one ToR, 2 circuits between the pods.
+
+    A ring crosses the pods twice each way with 2(N-1)/N x S per edge; INC sends
+    one S per pod over the circuits, so it wins while the ToR aggregators keep up.
+    """
+    cluster = preset("seed-15k")
+    a = [s.id for s in cluster.pods[0].tors[0].servers[:2]]
+    b = [s.id for s in cluster.pods[1].tors[0].servers[:2]]
+    job = _job(4, params=70e9)
+    scarce = {("pod-0", "pod-1"): 2 * cluster.nic_gbps}
+    choice = choose_collective(cluster, job, _placement(a + b), AggregatorLedger(), scarce)
+    assert choice.algorithm == "inc", choice.reason
+    assert set(choice.aggregators) == {"pod-0/tor-0", "pod-1/tor-0", choice_root(choice)}
+    roomy = {("pod-0", "pod-1"): 64 * cluster.nic_gbps}
+    plenty = choose_collective(cluster, job, _placement(a + b), AggregatorLedger(), roomy)
+    assert plenty.algorithm != "inc"  # with circuits to spare a ring beats the aggregators
+
+
+def choice_root(choice: CollectiveChoice) -> str:
+    return SEED.tors_by_id[choice.root_tors[0][1]].pod_id
+
+
+SEED = preset("seed-15k")
+
+
+def test_the_iteration_choice_follows_aggregators_filling_and_freeing() -> None:
+    cluster = SEED
+    a = [s.id for s in cluster.pods[0].tors[0].servers[:2]]
+    b = [s.id for s in cluster.pods[1].tors[0].servers[:2]]
+    job = _job(4, params=70e9)
+    placement = _placement(a + b)
+    scarce = {("pod-0", "pod-1"): 2 * cluster.nic_gbps}
+    first = choose_collective(cluster, job, placement, AggregatorLedger(), scarce)
+    assert first.inc
+    ledger = AggregatorLedger(first.grants)
+    # nothing changed: the same choice, no new header
+    assert choose_iteration_collective(cluster, job, placement, ledger, first, scarce) is first
+    # another job fills pod-0/tor-0's aggregator: its members go straight to the spine
+    tor_cap = cluster.tors_by_id["pod-0/tor-0"].aggregator_gbps
+    hog = AggregatorGrant("pod-0/tor-0", "hog", tor_cap)
+    spine = choose_iteration_collective(
+        cluster, job, placement, AggregatorLedger((hog,)), first, scarce
+    )
+    assert spine.inc and "pod-0" in spine.aggregators and "pod-0/tor-0" not in spine.aggregators
+    # and when the spine fills too, the next iteration falls back to a ring
+    spine_cap = cluster.pods_by_id["pod-0"].aggregator_gbps
+    busy = AggregatorLedger((hog, AggregatorGrant("pod-0", "hog", spine_cap)))
+    fallback = choose_iteration_collective(cluster, job, placement, busy, spine, scarce)
+    assert not fallback.inc and fallback.algorithm != "inc"
+    assert "per iteration" in fallback.reason
+    # the hog completes: INC comes back for the iteration after
+    back = choose_iteration_collective(
+        cluster, job, placement, AggregatorLedger(), fallback, scarce
+    )
+    assert back.inc and back.algorithm == "inc"
+    # and the routing header of the dp phase says which, iteration by iteration
+    from app.engine.circuits import PodCircuits
+    from app.engine.fabric import route_phases
+    from app.engine.traffic import job_traffic
+
+    circuits = PodCircuits.from_pairs(("pod-0", "pod-1"), [("pod-0", "pod-1", 2)])
+    budget = {"pod-0": 2, "pod-1": 2}
+    headers = []
+    for choice in (first, fallback, back):
+        traffic = job_traffic(cluster, job, placement, choice.algorithm, dict(choice.root_tors))
+        dp = next(
+            r
+            for r in route_phases(cluster, "j", traffic, choice, circuits, budget)
+            if r.phase == "dp"
+        )
+        headers.append((dp.algorithm, dp.inc, dp.aggregators))
+    assert headers[0][1] and not headers[1][1] and headers[2][1]
+    assert headers[0] == headers[2] and headers[0] != headers[1]

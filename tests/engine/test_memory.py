@@ -30,12 +30,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.engine.job import Job, ModelFacts, Parallelism
+from app.engine.job import Job, ModelFacts, Parallelism, PipelineSchedule
 from app.engine.memory import (
     NOT_ENOUGH_MEMORY,
     MemorySetup,
     Optimizer,
     check_job_memory,
+    in_flight,
     layer_activation_bytes,
     max_microbatch,
     memory_bytes,
@@ -198,3 +199,32 @@ def test_admission_accepts_and_abstains() -> None:
     )
     assert too_big_batch is not None and not too_big_batch.fits
     assert "largest micro-batch that fits" in too_big_batch.reasons[1]
+
+
+def test_gpipe_holds_every_microbatch_and_1f1b_at_most_pp() -> None:
+    assert in_flight(PipelineSchedule.GPIPE, 2, 32) == 32
+    assert in_flight(PipelineSchedule.ONE_F_ONE_B, 2, 32) == 2
+    assert in_flight(PipelineSchedule.ONE_F_ONE_B, 8, 4) == 4  # fewer micro-batches than pp
+    assert in_flight(PipelineSchedule.GPIPE, 4, None) == 16  # default m = 4 * pp
+    assert in_flight(PipelineSchedule.GPIPE, 1, 32) == 1  # no pipeline: accumulation steps
+
+
+def test_admission_judges_the_stated_schedule() -> None:
+    """pp=2, 32 micro-batches: GPipe holds 16x the activations 1F1B does."""
+    model = ModelFacts(
+        parameters=13e9,
+        bytes_per_parameter=2,
+        hidden_size=5120,
+        num_layers=40,
+        seq_len=4096,
+        microbatches=32,
+        microbatch_size=1,
+    )
+    gpipe = Job("g", Parallelism(dp=8, pp=2), model=model)
+    ofob = dataclasses.replace(gpipe, schedule=PipelineSchedule.ONE_F_ONE_B)
+    assert gpipe.schedule is PipelineSchedule.GPIPE  # the design notes' default
+    g = check_job_memory(gpipe, 80 * GIB, tp=8)
+    o = check_job_memory(ofob, 80 * GIB, tp=8)
+    assert g is not None and o is not None
+    assert g.memory_bytes.activations == 16 * o.memory_bytes.activations
+    assert o.fits and not g.fits

@@ -36,9 +36,19 @@ def _check(cluster: Cluster, free: set[str], job: Job, placement: Placement) -> 
     expected = {(s, d, e) for s in range(par.pp) for d in range(par.dp) for e in range(par.ep)}
     assert len(keys) == len(expected) and set(keys) == expected  # every unit exactly once
     tor_of_group: dict[tuple[int, int], set[str]] = {}
+    pod_of_group: dict[tuple[int, int], set[str]] = {}
     for u in placement.units:
         tor_of_group.setdefault((u.stage, u.dp_rank), set()).add(cluster.server(u.server).tor_id)
-    assert all(len(tors) == 1 for tors in tor_of_group.values())  # EP under one ToR
+        pod_of_group.setdefault((u.stage, u.dp_rank), set()).add(cluster.server(u.server).pod_id)
+    assert all(len(pods) == 1 for pods in pod_of_group.values())  # EP never across pods
+    if _capacity(cluster, free, par.ep) >= par.dp * par.pp:
+        assert all(len(tors) == 1 for tors in tor_of_group.values())  # EP under one ToR
+    else:
+        assert "span ToRs of one pod" in placement.reason
+
+
+def _pod_capacity(cluster: Cluster, free: set[str], ep: int) -> int:
+    return sum(sum(1 for s in p.servers if s.id in free) // ep for p in cluster.pods)
 
 
 fabrics = st.builds(
@@ -74,9 +84,9 @@ def test_placement_properties(cluster: Cluster, data: st.DataObject) -> None:
         _check(cluster, free, job, result)
         assert result.reason.startswith("layout ")
     elif not result.never_fits:
-        # A job waits only when the free servers hold too few whole-ToR EP groups.
+        # A job waits only when the free servers hold too few whole EP groups in pods.
         assert result.reasons == (NOT_NOW_BUSY,)
-        assert _capacity(cluster, free, ep) < dp * pp
+        assert _pod_capacity(cluster, free, ep) < dp * pp
     else:
         assert never_fits(cluster, job) == result.reasons
 
@@ -84,8 +94,9 @@ def test_placement_properties(cluster: Cluster, data: st.DataObject) -> None:
 def test_never_fits_reasons() -> None:
     small = preset("small")
     assert never_fits(small, _job(64))
-    assert never_fits(small, _job(1, ep=5))
-    result = place_job(small, set(small.server_ids), _job(1, ep=5))
+    assert never_fits(small, _job(1, ep=9))  # a pod holds 8 servers
+    assert not never_fits(small, _job(1, ep=5))  # wider than a ToR: spans ToRs of a pod
+    result = place_job(small, set(small.server_ids), _job(1, ep=9))
     assert isinstance(result, Unplaceable) and result.never_fits
 
 
@@ -170,3 +181,77 @@ def test_idle_aggregator_preferred_on_ties() -> None:
     result = place_job(cluster, set(cluster.server_ids), _job(2), aggregator_free_gbps=busy)
     assert isinstance(result, Placement)
     assert {cluster.server(s).tor_id for s in result.servers} == {"pod-2/tor-1"}
+
+
+def test_a_job_spanning_pods_goes_where_uplinks_are_free() -> None:
+    """Two pods stand empty, but one has every uplink taken: a 2-pod job avoids it."""
+    cluster = preset("small")  # 4 pods of 8 servers, 16 uplinks each
+    free = set(cluster.server_ids)
+    ports = {"pod-0": 0, "pod-1": 16, "pod-2": 16, "pod-3": 16}
+    job = _job(12, model=FACTS)
+    result = place_job(cluster, free, job, ports_free=ports)
+    assert isinstance(result, Placement)
+    pods = {cluster.server(s).pod_id for s in result.servers}
+    assert len(pods) == 2 and "pod-0" not in pods
+    # a job inside one pod needs no uplinks: it leaves the free ones to others
+    small = place_job(cluster, free, _job(8), ports_free=ports)
+    assert isinstance(small, Placement)
+    assert {cluster.server(s).pod_id for s in small.servers} == {"pod-0"}
+
+
+def test_layouts_are_estimated_on_the_circuits_the_job_would_get() -> None:
+    cluster = preset("small")
+    free = set(cluster.server_ids)
+    job = _job(12, model=FACTS)
+    roomy = place_job(cluster, free, job)
+    starved = place_job(cluster, free, job, ports_free={p.id: 1 for p in cluster.pods})
+    assert isinstance(roomy, Placement) and isinstance(starved, Placement)
+    est = re.compile(r"est\. ([0-9.]+) ms")
+    assert float(est.search(starved.reason).group(1)) > float(  # type: ignore[union-attr]
+        est.search(roomy.reason).group(1)  # type: ignore[union-attr]
+    )
+
+
+def test_ep_groups_span_tors_of_one_pod_only_when_no_tor_fits() -> None:
+    free = set(SEED.server_ids)
+    # every ToR keeps 7 free servers: no ep=8 group fits a ToR, but pods hold 35
+    for pod in SEED.pods:
+        for tor in pod.tors:
+            free -= {s.id for s in tor.servers[7:]}
+    result = place_job(SEED, free, _job(2, ep=8, model=FACTS))
+    assert isinstance(result, Placement)
+    _check(SEED, free, _job(2, ep=8, model=FACTS), result)
+    assert "span ToRs of one pod" in result.reason
+    groups: dict[int, set[str]] = {}
+    for u in result.units:
+        groups.setdefault(u.dp_rank, set()).add(SEED.server(u.server).pod_id)
+    assert all(len(p) == 1 for p in groups.values())
+    # with one ToR of 8 free servers, the group stays under it
+    free |= {s.id for s in SEED.pods[4].tors[1].servers}
+    one = place_job(SEED, free, _job(1, ep=8))
+    assert isinstance(one, Placement)
+    assert {SEED.server(s).tor_id for s in one.servers} == {"pod-4/tor-1"}
+    assert "span ToRs" not in one.reason
+
+
+def test_inc_keeps_each_dp_group_under_one_tor_or_pod() -> None:
+    job = _job(8, pp=4, model=FACTS, collective=Collective.INC)
+    result = place_job(SEED, set(SEED.server_ids), job)
+    assert isinstance(result, Placement)
+    tors: dict[int, set[str]] = {}
+    pods: dict[int, set[str]] = {}
+    for u in result.units:
+        tors.setdefault(u.stage, set()).add(SEED.server(u.server).tor_id)
+        pods.setdefault(u.stage, set()).add(SEED.server(u.server).pod_id)
+    assert all(len(p) == 1 for p in pods.values()), result.reason
+    # slots of 15 + 15 + 2 servers: two groups of 8 can sit under one ToR each
+    assert sum(1 for t in tors.values() if len(t) == 1) >= 2, result.reason
+    assert "DP inc" in result.reason
+    small = preset("small")  # 2 ToRs of 4 per pod
+    job = _job(2, pp=4, model=FACTS, collective=Collective.INC)
+    result = place_job(small, set(small.server_ids), job)
+    assert isinstance(result, Placement)
+    by_stage: dict[int, set[str]] = {}
+    for u in result.units:
+        by_stage.setdefault(u.stage, set()).add(small.server(u.server).tor_id)
+    assert all(len(t) == 1 for t in by_stage.values()), result.reason

@@ -78,15 +78,17 @@ def _job(job_id: str, dp: int, pp: int = 1, *, params: float = 4e9, f: float = 0
 
 
 def _tight_cluster() -> Cluster:
-    """Three pods of four servers with 4 uplinks each: two wide jobs cannot both be isolated."""
+    """Three pods of four servers with one uplink each: two wide jobs cannot both have
+    circuits of their own (the allocation shares ports by demand, so with more
+    uplinks both would be isolated with fewer circuits each)."""
     return build_cluster(
         "tight",
         pods=3,
         tors_per_pod=1,
         servers_per_tor=4,
-        uplink_ports_per_pod=4,
+        uplink_ports_per_pod=1,
         oxcs=1,
-        oxc_ports=12,
+        oxc_ports=3,
         reconfig_ms=25.0,
     )
 

@@ -9,8 +9,14 @@ from typing import Annotated, Any
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
-from app.engine.job import Job
-from app.engine.memory import MemorySetup, Optimizer, check_job_memory, max_microbatch
+from app.engine.job import Job, PipelineSchedule
+from app.engine.memory import (
+    MemorySetup,
+    Optimizer,
+    check_job_memory,
+    in_flight,
+    max_microbatch,
+)
 
 from ..deps import Services, ServicesDep, require
 from ..problems import Problem
@@ -46,7 +52,9 @@ async def advise_batch_size(
     """M(b) = M_fixed + M_activation(b) + M_gradient(b) per GPU; the largest b that fits.
 
     When even b = 1 does not fit, `fits` is false, `max_microbatch` 0 and the
-    breakdown is that of b = 1.
+    breakdown is that of b = 1. Activations follow the pipeline `schedule`:
+    GPipe (the default) holds every micro-batch of the iteration in flight, 1F1B
+    at most pp.
     """
     m, par = body.model, body.parallelism
     setup = MemorySetup(
@@ -62,6 +70,7 @@ async def advise_batch_size(
         pp=par.pp,
         dp=par.dp,
         zero_stage=m.zero_stage,
+        microbatches_in_flight=in_flight(PipelineSchedule(body.schedule), par.pp, m.microbatches),
     )
     with numbers_in_range():
         advice = max_microbatch(setup, body.gpu_memory_bytes)

@@ -96,6 +96,7 @@ def render_job(record: JobRecord) -> dict[str, Any]:
         "lease_s": record.lease_s,
         "lease_expires_at": _iso(expires),
         "walltime_s": body.get("walltime_s"),
+        "schedule": body.get("schedule") or "gpipe",
     }
 
 

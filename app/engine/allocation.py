@@ -1,0 +1,1059 @@
+"""Port allocation across every job of the fabric, by demand: `allocate_ports`.
+
+Pure functions; must not import anything that does I/O (no FastAPI, SQLAlchemy,
+Redis, pydantic) or read a clock. The fabric controller calls `allocate_ports`
+on every arrival and completion and applies the result in the jobs' compute gaps.
+
+Model. A job's cross-pod traffic per iteration is `JobDemand.pair_bytes`: bytes
+per unordered pod pair over the busier direction (a circuit is full duplex, one
+port on each pod, both on the same OXC). With c circuits on a pair the pair
+needs bytes / (c * port rate); the job's network time is its slowest pair, and
+its estimated iteration time is compute + network. Its ideal is the time with
+the circuits that make it non-blocking (`want`: servers x NICs per pod, split
+over its pairs by bytes). The estimated slowdown is iteration time over ideal.
+
+Allocation, in three steps:
+
+1. Minimum: in priority order (jobs isolated before keep their place, then
+   arrival order) each job with cross-pod traffic asks for one circuit per pod
+   pair it uses, all or nothing. A job that gets them is `isolated`.
+2. The rest are served by sharing or by the electrical layer, whichever is
+   estimated faster for the job: `shared` jobs take turns on a pool of ports
+   (at least one circuit per pair of every sharer, reclaimed from the latest
+   isolated jobs when no port is free), each turn paying its reconfiguration;
+   their communication interleaves with the others' compute (CASSINI-style), so
+   sharing costs little while the sharers' network time fits one iteration.
+   `electrical` jobs send over the pods' electrical uplinks (`electrical_gbps`
+   per pod, split among the electrical jobs there); with no electrical
+   capacity nobody is electrical.
+3. Water-filling: circuits go one level at a time to the job (or the pool) with
+   the highest estimated slowdown, on its bottleneck pair, on the OXC with the
+   most free ports on both pods, until every job is at its want or no OXC has a
+   free port on both pods of anyone's bottleneck pair.
+
+With `previous` and no new job (a completion, or a recomputation), every job
+starts from the circuits it held (they still fit: ports were only freed), so a
+completion never lowers anyone's share; the freed ports are water-filled.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from .circuits import PodCircuits
+from .cluster import Cluster
+from .cross_connects import CrossConnect, CrossConnectMapping, port_pods
+from .job import Job, Placement
+from .traffic import ALGO_RING, PHASE_DP, PHASE_PP, job_traffic
+
+MODE_ISOLATED = "isolated"
+MODE_SHARED = "shared"
+MODE_ELECTRICAL = "electrical"
+MODE_NONE = "none"
+
+POOL = "(shared pool)"
+# a water-filling step lowers a job's estimated slowdown to the next job's or by this factor
+STEP = 0.95
+# the share of spare ports handed out in proportion before water-filling
+START = 0.8
+# a turn on shared ports lasts this many reconfigurations (the controller's default)
+TURN_RECONFIGS = 40.0
+
+
+@dataclass(frozen=True, slots=True)
+class JobDemand:
+    """What a job asks of the optical layer per iteration."""
+
+    job_id: str
+    pair_bytes: tuple[tuple[str, str, float], ...]  # (pod_a < pod_b, bytes over busier way)
+    want: tuple[tuple[str, int], ...]  # ports per pod that make it non-blocking
+    compute_s: float = 0.0  # compute per iteration (0 when unknown)
+
+    @property
+    def pods(self) -> tuple[str, ...]:
+        return tuple(sorted({p for a, b, _ in self.pair_bytes for p in (a, b)}))
+
+    @property
+    def cross_pod(self) -> bool:
+        return bool(self.pair_bytes)
+
+
+@dataclass(frozen=True, slots=True)
+class JobAllocation:
+    """One job's share: mode, its circuits per OXC and pair, ports, expected slowdown."""
+
+    job_id: str
+    mode: str
+    circuits: tuple[tuple[str, str, str, int], ...]  # (oxc, pod_a, pod_b, n): its own
+    expected_ports: tuple[tuple[str, float], ...]  # ports per pod on average (shared: pool/k)
+    estimated_slowdown: float
+    reason: str
+    # (oxc, pod, n): ports beyond its circuits, for per-phase topologies (a phase
+    # may use a pod's ports on one pair that the held topology splits over several)
+    spare: tuple[tuple[str, str, int], ...] = ()
+
+    @property
+    def oxc_ports(self) -> tuple[tuple[str, str, int], ...]:
+        """(oxc, pod, ports) this job holds on its own (circuits and spare ports)."""
+        out: dict[tuple[str, str], int] = defaultdict(int)
+        for o, a, b, n in self.circuits:
+            out[(o, a)] += n
+            out[(o, b)] += n
+        for o, p, n in self.spare:
+            out[(o, p)] += n
+        return tuple((o, p, n) for (o, p), n in sorted(out.items()))
+
+    @property
+    def pod_ports(self) -> tuple[tuple[str, int], ...]:
+        """Ports per pod this job holds on its own."""
+        out: dict[str, int] = defaultdict(int)
+        for _, p, n in self.oxc_ports:
+            out[p] += n
+        return tuple(sorted(out.items()))
+
+    def pair_circuits(self) -> dict[tuple[str, str], int]:
+        """Circuits per pod pair over all OXCs."""
+        out: dict[tuple[str, str], int] = defaultdict(int)
+        for _, a, b, n in self.circuits:
+            out[(a, b)] += n
+        return dict(out)
+
+    @property
+    def share(self) -> float:
+        """Ports this job expects to use, over all its pods."""
+        return sum(n for _, n in self.expected_ports)
+
+
+@dataclass(frozen=True, slots=True)
+class PortAllocation:
+    """Every job's allocation, the shared pool and its turn order."""
+
+    jobs: tuple[JobAllocation, ...]
+    pool: tuple[tuple[str, str, str, int], ...]  # (oxc, pod_a, pod_b, n) the sharers rotate
+    turn_order: tuple[str, ...]
+    _index: dict[str, JobAllocation] = field(default_factory=dict, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_index", {j.job_id: j for j in self.jobs})
+
+    def job(self, job_id: str) -> JobAllocation | None:
+        return self._index.get(job_id)
+
+    def used_ports(self) -> dict[tuple[str, str], int]:
+        """(oxc, pod) -> ports promised to isolated jobs and the pool."""
+        out: dict[tuple[str, str], int] = defaultdict(int)
+        for j in self.jobs:
+            for o, p, n in j.oxc_ports:
+                out[(o, p)] += n
+        for o, a, b, n in self.pool:
+            out[(o, a)] += n
+            out[(o, b)] += n
+        return dict(out)
+
+    def pool_pair_circuits(self) -> dict[tuple[str, str], int]:
+        out: dict[tuple[str, str], int] = defaultdict(int)
+        for _, a, b, n in self.pool:
+            out[(a, b)] += n
+        return dict(out)
+
+
+EMPTY_ALLOCATION = PortAllocation((), (), ())
+
+
+# ------------------------------------------------------------------ demand
+
+
+def job_demand(
+    cluster: Cluster,
+    job: Job,
+    placement: Placement,
+    algorithm: str = ALGO_RING,
+    root_tors: Mapping[int, str] | None = None,
+    compute_s: float | None = None,
+) -> JobDemand:
+    """The job's cross-pod bytes per iteration (pp + dp phases) and its non-blocking want."""
+    traffic = job_traffic(cluster, job, placement, algorithm, root_tors)
+    pair: dict[tuple[str, str], list[float]] = {}
+    for t in traffic:
+        if t.phase not in (PHASE_PP, PHASE_DP):
+            continue
+        for p, q, b in t.pod_demand.entries():
+            key = (p, q) if p < q else (q, p)
+            way = 0 if p < q else 1
+            pair.setdefault(key, [0.0, 0.0])[way] += b
+    servers: dict[str, int] = defaultdict(int)
+    for s in placement.servers:
+        servers[cluster.server(s).pod_id] += 1
+    per_server = max(1, round(cluster.server_gbps / cluster.nic_gbps))
+    pods = {p for k in pair for p in k}
+    want = tuple(
+        (p, min(cluster.pods_by_id[p].uplink_ports, servers[p] * per_server)) for p in sorted(pods)
+    )
+    return JobDemand(
+        job.job_id,
+        tuple((a, b, max(v)) for (a, b), v in sorted(pair.items())),
+        want,
+        compute_estimate_s(job) if compute_s is None else compute_s,
+    )
+
+
+def compute_estimate_s(job: Job) -> float:
+    """Compute seconds per iteration from the job's stated times (0 when unknown)."""
+    c = job.compute
+    m = job.model
+    if c is None or c.microbatch_forward_s is None or c.microbatch_backward_s is None:
+        return 0.0
+    micro = (m.microbatches if m is not None else None) or 1
+    per = c.microbatch_forward_s + c.microbatch_backward_s
+    return (micro + job.parallelism.pp - 1) * per + (c.optimizer_s or 0.0)
+
+
+# ------------------------------------------------------------------ estimates
+
+
+class _Job:
+    """Mutable working state of one job during allocation."""
+
+    __slots__ = ("d", "bytes", "cap", "have", "ideal_s", "rank", "prev")
+
+    def __init__(self, d: JobDemand, port_bps: float, rank: int) -> None:
+        self.d = d
+        self.rank = rank
+        self.bytes, self.cap, self.ideal_s = _prepared(d, port_bps)
+        self.have: dict[tuple[str, str], int] = dict.fromkeys(self.bytes, 0)
+        self.prev: dict[tuple[str, str, str], int] = {}
+
+    def net_s(self, have: Mapping[tuple[str, str], int], port_bps: float) -> float:
+        worst = 0.0
+        for k, x in self.bytes.items():
+            c = have.get(k, 0)
+            if c <= 0:
+                return math.inf
+            worst = max(worst, x / (c * port_bps))
+        return worst
+
+    def slowdown(self, port_bps: float) -> float:
+        if self.ideal_s <= 0:
+            return 1.0
+        return (self.d.compute_s + self.net_s(self.have, port_bps)) / self.ideal_s
+
+    def bottleneck(self) -> tuple[str, str] | None:
+        """The pair with the longest time that is still below its cap."""
+        best = None
+        best_t = -1.0
+        for k, x in self.bytes.items():
+            c = self.have[k]
+            if c >= self.cap[k]:
+                continue
+            t = x / c if c else math.inf
+            if t > best_t:
+                best, best_t = k, t
+        return best
+
+    def limited_by_cap(self) -> bool:
+        """Is its slowest pair at its cap (more circuits elsewhere gain nothing)?"""
+        worst, worst_t = None, -1.0
+        have = self.have
+        for k, x in self.bytes.items():
+            c = have[k]
+            t = x / c if c else math.inf
+            if t > worst_t:
+                worst, worst_t = k, t
+        return worst is not None and have[worst] >= self.cap[worst]
+
+
+_Prepared = tuple[dict[tuple[str, str], float], dict[tuple[str, str], int], float]
+_PREPARED: dict[int, tuple[JobDemand, float, _Prepared]] = {}
+
+
+def _prepared(d: JobDemand, port_bps: float) -> _Prepared:
+    """Bytes and ideal circuits per pair and the ideal iteration time (memoised per demand)."""
+    hit = _PREPARED.get(id(d))
+    if hit is not None and hit[0] is d and hit[1] == port_bps:
+        return hit[2]
+    pair = {(a, b): x for a, b, x in d.pair_bytes}
+    want = dict(d.want)
+    out: dict[str, float] = defaultdict(float)
+    for (a, b), x in pair.items():
+        out[a] += x
+        out[b] += x
+    # ideal circuits per pair: each pod's want split over its pairs by bytes
+    cap: dict[tuple[str, str], int] = {}
+    for (a, b), x in pair.items():
+        share_a = want.get(a, 0) * x / out[a] if out[a] else 0.0
+        share_b = want.get(b, 0) * x / out[b] if out[b] else 0.0
+        cap[(a, b)] = max(1, math.ceil(min(share_a, share_b)))
+    net = max((x / (cap[k] * port_bps) for k, x in pair.items()), default=0.0)
+    ideal = d.compute_s + net
+    if net > 0:
+        # beyond what brings a pair to the job's slowest ideal pair, circuits gain nothing
+        for k, x in pair.items():
+            cap[k] = max(1, min(cap[k], math.ceil(x / (net * port_bps) - 1e-9)))
+    if len(_PREPARED) > 8192:
+        _PREPARED.clear()
+    result: _Prepared = (pair, cap, ideal)
+    _PREPARED[id(d)] = (d, port_bps, result)
+    return result
+
+
+_WIRED: dict[int, tuple[Cluster, dict[str, list[int]]]] = {}
+
+
+class _Ports:
+    """Free ports per pod and OXC (a list per pod, indexed like `oxcs`)."""
+
+    __slots__ = ("free", "oxcs", "index")
+
+    def __init__(self, cluster: Cluster) -> None:
+        hit = _WIRED.get(id(cluster))
+        if hit is None or hit[0] is not cluster:
+            wired = {
+                p.id: [len(o.pod_ports.get(p.id, ())) for o in cluster.oxcs] for p in cluster.pods
+            }
+            if len(_WIRED) > 8:
+                _WIRED.clear()
+            hit = (cluster, wired)
+            _WIRED[id(cluster)] = hit
+        self.oxcs = [o.id for o in cluster.oxcs]
+        self.index = {o: i for i, o in enumerate(self.oxcs)}
+        self.free: dict[str, list[int]] = {p: list(v) for p, v in hit[1].items()}
+
+    def room(self, a: str, b: str) -> int:
+        return sum(map(min, self.free[a], self.free[b]))
+
+    def take(self, a: str, b: str, n: int) -> list[tuple[str, int]]:
+        """Up to n circuits a-b, levelled over the OXCs with most free ports on both pods."""
+        fa, fb = self.free[a], self.free[b]
+        if n == 1:
+            best, best_room = -1, 0
+            for i in range(len(fa)):
+                r = fa[i] if fa[i] < fb[i] else fb[i]
+                if r > best_room:
+                    best, best_room = i, r
+            if best < 0:
+                return []
+            fa[best] -= 1
+            fb[best] -= 1
+            return [(self.oxcs[best], 1)]
+        rooms = sorted(
+            ((min(x, y), i) for i, (x, y) in enumerate(zip(fa, fb, strict=True)) if x and y),
+            reverse=True,
+        )
+        if not rooms or n <= 0:
+            return []
+        total = sum(r for r, _ in rooms)
+        n = min(n, total)
+        # lower the roomiest OXCs to a common level until n circuits are taken
+        take = [0] * len(rooms)
+        left = n
+        k = 1
+        while left > 0:
+            nxt = rooms[k][0] if k < len(rooms) else 0
+            cur = rooms[k - 1][0] - take[k - 1]
+            step = cur - nxt
+            if step * k >= left or k == len(rooms):
+                per, extra = divmod(left, k)
+                for i in range(k):
+                    take[i] += per + (1 if i < extra else 0)
+                left = 0
+            else:
+                for i in range(k):
+                    take[i] += step
+                left -= step * k
+                k += 1
+        got = []
+        for (_, i), t in zip(rooms, take, strict=True):
+            if t > 0:
+                fa[i] -= t
+                fb[i] -= t
+                got.append((self.oxcs[i], t))
+        return got
+
+    def take_at(self, o: str, a: str, b: str, n: int) -> int:
+        i = self.index.get(o)
+        if i is None or a not in self.free or b not in self.free:
+            return 0
+        k = min(n, self.free[a][i], self.free[b][i])
+        if k > 0:
+            self.free[a][i] -= k
+            self.free[b][i] -= k
+        return k
+
+    def take_port(self, o: str, pod: str, n: int) -> int:
+        """Up to n free ports of one pod on OXC o."""
+        i = self.index.get(o)
+        if i is None or pod not in self.free:
+            return 0
+        k = min(n, self.free[pod][i])
+        self.free[pod][i] -= k
+        return k
+
+    def take_ports(self, pod: str, n: int) -> list[tuple[str, int]]:
+        """Up to n free ports of one pod, from the OXCs with most free first."""
+        got = []
+        f = self.free.get(pod, [])
+        for i in sorted(range(len(f)), key=lambda i: -f[i]):
+            if n <= 0:
+                break
+            k = min(n, f[i])
+            if k > 0:
+                f[i] -= k
+                n -= k
+                got.append((self.oxcs[i], k))
+        return got
+
+    def give(self, o: str, a: str, b: str, n: int) -> None:
+        i = self.index[o]
+        self.free[a][i] += n
+        self.free[b][i] += n
+
+
+# ------------------------------------------------------------------ allocation
+
+
+def allocate_ports(
+    cluster: Cluster,
+    demands: Sequence[JobDemand],
+    previous: PortAllocation | None = None,
+    electrical_gbps: float = 0.0,
+) -> PortAllocation:
+    """Every job's circuits, mode and expected slowdown (see module doc)."""
+    port_bps = cluster.nic_gbps * 1e9 / 8
+    reconfig_s = cluster.reconfig_ms / 1000.0
+    turn_overhead = 1.0 / (1.0 - 1.0 / TURN_RECONFIGS) if reconfig_s > 0 else 1.0
+    prev_jobs = {j.job_id: j for j in previous.jobs} if previous else {}
+    # with a previous allocation every job starts from what it held; an arrival may
+    # shrink others (never below one circuit per pair) or make the latest share, a
+    # completion (no new job with cross-pod traffic) only adds
+    arrival = previous is not None and any(
+        d.cross_pod and d.job_id not in prev_jobs for d in demands
+    )
+    keep_floor = previous is not None and not arrival
+    ports = _Ports(cluster)
+    work: dict[str, _Job] = {}
+    circuits: dict[str, dict[tuple[str, str, str], int]] = {}
+    order = sorted(
+        (d for d in demands if d.cross_pod),
+        key=lambda d: (
+            0 if prev_jobs.get(d.job_id, None) and prev_jobs[d.job_id].mode == MODE_ISOLATED else 1
+        ),
+    )
+    for rank, d in enumerate(demands):
+        if d.cross_pod:
+            work[d.job_id] = _Job(d, port_bps, rank)
+    isolated: list[str] = []
+    unserved: list[str] = []
+    spare: dict[str, dict[tuple[str, str], int]] = defaultdict(lambda: defaultdict(int))
+    pool: dict[tuple[str, str, str], int] = defaultdict(int)
+
+    # every job keeps what it held
+    if previous is not None:
+        for o, a, b, n in previous.pool:
+            k = ports.take_at(o, a, b, n)
+            pool[(o, a, b)] += k
+        for d in order:
+            pj = prev_jobs.get(d.job_id)
+            if pj is None or pj.mode != MODE_ISOLATED:
+                continue
+            mine = circuits.setdefault(d.job_id, {})
+            for o, a, b, n in pj.circuits:
+                if (a, b) not in work[d.job_id].bytes:
+                    continue
+                k = ports.take_at(o, a, b, n)
+                if k:
+                    mine[(o, a, b)] = mine.get((o, a, b), 0) + k
+                    work[d.job_id].have[(a, b)] += k
+            for o, pod, n in pj.spare:
+                k = ports.take_port(o, pod, n)
+                if k:
+                    spare[d.job_id][(o, pod)] += k
+
+    # 1. minimum: one circuit per pair, all or nothing
+    was = {d.job_id: prev_jobs[d.job_id].mode for d in order if d.job_id in prev_jobs}
+    prev_shared = {j for j, m in was.items() if m == MODE_SHARED}
+    prev_elec = {j for j, m in was.items() if m == MODE_ELECTRICAL}
+    sharers_before = max(1, len(previous.turn_order)) if previous is not None else 1
+    pool_before: dict[tuple[str, str], int] = defaultdict(int)
+    for (_, a, b), n in pool.items():
+        pool_before[(a, b)] += n
+    for d in order:
+        w = work[d.job_id]
+        if d.job_id in prev_shared:
+            # it leaves the turns only for circuits of its own at least its share
+            claim = [
+                ((a, b), max(1, math.ceil(pool_before[(a, b)] / sharers_before)))
+                for a, b in w.bytes
+            ]
+            taken_all = _take_all(ports, [k for k, n in claim for _ in range(n)])
+            if not taken_all:
+                continue  # keeps taking turns on a pool that only grows (below)
+            prev_shared.discard(d.job_id)
+            mine = circuits.setdefault(d.job_id, {})
+            for o, a, b in taken_all:
+                mine[(o, a, b)] = mine.get((o, a, b), 0) + 1
+                w.have[(a, b)] += 1
+            isolated.append(d.job_id)
+            continue
+        short = [k for k, c in w.have.items() if c == 0]
+        if not short:
+            isolated.append(d.job_id)
+        elif (
+            (taken := _take_all(ports, short))
+            or (
+                arrival
+                and _release_spare(ports, spare, set(w.d.pods))
+                and (taken := _take_all(ports, short))
+            )
+            or (
+                arrival
+                and _shrink_for(ports, circuits, work, isolated, short, port_bps)
+                and (taken := _take_all(ports, short))
+            )
+        ):
+            mine = circuits.setdefault(d.job_id, {})
+            for o, a, b in taken:
+                mine[(o, a, b)] = mine.get((o, a, b), 0) + 1
+                w.have[(a, b)] += 1
+            isolated.append(d.job_id)
+            if arrival and d.job_id not in prev_jobs:
+                _rebalance_for(d.job_id, ports, circuits, work, isolated, port_bps)
+        else:
+            unserved.append(d.job_id)
+
+    # 2. the rest: shared pool (reclaiming minimal slices if needed) or electrical
+    shared: list[str] = [d.job_id for d in order if d.job_id in prev_shared]
+    electrical: list[str] = []
+    if unserved:
+        elec_jobs_on: dict[str, int] = defaultdict(int)
+        for j in unserved:
+            for p in work[j].d.pods:
+                elec_jobs_on[p] += 1
+        for j in unserved:
+            w = work[j]
+            e_s = _electrical_s(w, electrical_gbps, elec_jobs_on)
+            # sharing estimate: one circuit per pair, turns with every other sharer
+            one = {k: 1 for k in w.bytes}
+            net = w.net_s(one, port_bps)
+            s_s = max(w.d.compute_s + net, net * (len(unserved) + len(shared))) * turn_overhead
+            if j in prev_elec or e_s < s_s:
+                electrical.append(j)
+            else:
+                shared.append(j)
+    pending = [(j, k) for j in shared for k in work[j].bytes]
+    while pending:
+        j, (a, b) = pending.pop(0)
+        if j not in shared or _pool_pair(pool, a, b) >= 1:
+            continue
+        got = ports.take(a, b, 1)
+        while not got and not keep_floor:
+            victim = _latest_holding(isolated, circuits, work, a, b)
+            if victim is None:
+                break
+            isolated.remove(victim)
+            shared.append(victim)
+            for (o, x, y), n in circuits.pop(victim, {}).items():
+                ports.give(o, x, y, n)
+            work[victim].have = {k: 0 for k in work[victim].bytes}
+            pending.extend((victim, k) for k in work[victim].bytes)
+            got = ports.take(a, b, 1)
+        for o, k in got:
+            pool[(o, a, b)] += k
+    # pool circuits no sharer uses any more go back
+    used_pairs = {k for j in shared for k in work[j].bytes}
+    for key in [k for k in pool if (k[1], k[2]) not in used_pairs]:
+        ports.give(key[0], key[1], key[2], pool.pop(key))
+    if len(shared) == 1 and all(_pool_pair(pool, a, b) for a, b in work[shared[0]].bytes):
+        # a lone sharer holds the pool alone: those circuits become its own
+        only = shared.pop()
+        mine = circuits.setdefault(only, {})
+        for (o, a, b), n in pool.items():
+            mine[(o, a, b)] = mine.get((o, a, b), 0) + n
+            work[only].have[(a, b)] += n
+        pool.clear()
+        isolated.append(only)
+
+    # 3. water-filling on estimated slowdown (spare ports are headroom: anyone's
+    # circuits, the owner's first, may take them; what is left is spare again below)
+    # (only on the pods of jobs that came or went, so jobs elsewhere stay as they are)
+    present = {d.job_id for d in demands}
+    changed_pods = {p for d in order if d.job_id not in prev_jobs for p in d.pods}
+    for gone in prev_jobs.values():
+        if gone.job_id not in present:
+            changed_pods.update(p for _, p, _ in gone.oxc_ports)
+    if previous is None:
+        _release_spare(ports, spare, set(ports.free))
+    else:
+        # jobs on those pods may turn their own spare ports into circuits
+        near = {j for j in spare if j in work and set(work[j].d.pods) & changed_pods}
+        _release_spare(ports, {j: spare[j] for j in near}, set(ports.free))
+        _release_spare(ports, spare, changed_pods)
+    pool_have: dict[tuple[str, str], int] = defaultdict(int)
+    for (_, a, b), n in pool.items():
+        pool_have[(a, b)] += n
+
+    def pool_slowdown() -> tuple[float, tuple[str, str] | None]:
+        worst, pair = 1.0, None
+        nets = {j: work[j].net_s(pool_have, port_bps) for j in shared}
+        busy = sum(n for n in nets.values() if math.isfinite(n))
+        for j in shared:
+            w = work[j]
+            if w.ideal_s <= 0:
+                continue
+            t = max(w.d.compute_s + nets[j], busy) * turn_overhead
+            s = t / w.ideal_s
+            if s > worst:
+                worst = s
+                pair = max(
+                    (k for k in w.bytes if pool_have[k] < w.cap[k]),
+                    key=lambda k: w.bytes[k] / max(pool_have[k], 1e-9),
+                    default=None,
+                )
+        return worst, pair
+
+    # extras are counted per pod here and mapped onto OXCs in bulk below
+    pod_free = {p: sum(f) for p, f in ports.free.items()}
+    extra: dict[tuple[str, str], dict[str, int]] = defaultdict(dict)
+
+    def grant(job_id: str, a: str, b: str, n: int) -> int:
+        k = min(n, pod_free[a], pod_free[b])
+        if k <= 0:
+            return 0
+        pod_free[a] -= k
+        pod_free[b] -= k
+        held = extra[(a, b)]
+        held[job_id] = held.get(job_id, 0) + k
+        if job_id != POOL:
+            work[job_id].have[(a, b)] += k
+        return k
+
+    # a proportional start: every isolated job gets the same fraction (START of what
+    # its pods can spare) of the circuits it still wants, so water-filling below only
+    # moves the last part one level at a time
+    short_on: dict[str, float] = defaultdict(float)
+    for j in isolated:
+        w = work[j]
+        for (a, b), c in w.have.items():
+            gap = w.cap[(a, b)] - c
+            if gap > 0:
+                short_on[a] += gap
+                short_on[b] += gap
+    ratio = {p: min(1.0, pod_free[p] / n) * START for p, n in short_on.items() if n > 0}
+    for j in isolated:
+        w = work[j]
+        for (a, b), c in w.have.items():
+            gap = w.cap[(a, b)] - c
+            if gap > 0:
+                k = int(gap * min(ratio.get(a, 0.0), ratio.get(b, 0.0)))
+                if k > 0:
+                    grant(j, a, b, k)
+
+    heap: list[tuple[float, int, str]] = []
+    for j in isolated:
+        if any(pod_free[p] > 0 for p in work[j].d.pods):  # else nothing can grow it
+            heapq.heappush(heap, (-work[j].slowdown(port_bps), work[j].rank, j))
+    if shared:
+        s, _ = pool_slowdown()
+        heapq.heappush(heap, (-s, -1, POOL))
+    while heap:
+        neg, _, j = heapq.heappop(heap)
+        level = -heap[0][0] if heap else 1.0
+        if j == POOL:
+            s, pair = pool_slowdown()
+            if pair is None or s <= 1.0 + 1e-9:
+                continue
+            if not grant(POOL, pair[0], pair[1], 1):
+                continue
+            pool_have[pair] += 1
+            s, _ = pool_slowdown()
+            heapq.heappush(heap, (-s, -1, POOL))
+            continue
+        w = work[j]
+        if -neg <= 1.0 + 1e-9 or w.limited_by_cap():
+            continue
+        pair = w.bottleneck()
+        if pair is None:
+            continue
+        # circuits that bring every pair down to the next job's level, or STEP below
+        # its own (at least one on the bottleneck): few steps per job, not one per circuit
+        target = min(level, -neg * STEP)
+        target_net = max(target * w.ideal_s - w.d.compute_s, 1e-12)
+        stuck = False
+        for pk, nbytes in w.bytes.items():
+            c = w.have[pk]
+            if c >= w.cap[pk] or (pk != pair and nbytes / (c * port_bps) <= target_net):
+                continue
+            need = math.ceil(nbytes / (target_net * port_bps)) - c
+            need = max(1, min(need, w.cap[pk] - c))
+            if grant(j, pk[0], pk[1], need) == 0 and pk == pair:
+                stuck = True  # no OXC has a free port on both pods: this job is done
+        if stuck:
+            continue
+        heapq.heappush(heap, (-w.slowdown(port_bps), w.rank, j))
+
+    # map the extras onto OXCs, pair by pair; what no OXC can hold is trimmed
+    for (a, b), held in sorted(extra.items(), key=lambda kv: -sum(kv[1].values())):
+        want = sum(held.values())
+        got = ports.take(a, b, want)
+        shortfall = want - sum(n for _, n in got)
+        while shortfall > 0:
+            top = max(held, key=lambda h: (held[h], h))
+            held[top] -= 1
+            shortfall -= 1
+            if top == POOL:
+                pool_have[(a, b)] -= 1
+            else:
+                work[top].have[(a, b)] -= 1
+        chunks: list[tuple[str, int]] = list(got)
+        for holder, n_held in sorted(held.items()):
+            while n_held > 0:
+                oxc, room = chunks.pop()
+                moved = min(n_held, room)
+                into = pool if holder == POOL else circuits.setdefault(holder, {})
+                into[(oxc, a, b)] = into.get((oxc, a, b), 0) + moved
+                n_held -= moved
+                if room > moved:
+                    chunks.append((oxc, room - moved))
+
+    # spare ports for per-phase topologies: what nobody's circuits took, up to each
+    # job's want on its pods (most slowed first)
+    for j in sorted(isolated, key=lambda x: -work[x].slowdown(port_bps)):
+        w = work[j]
+        held_ports: dict[str, int] = defaultdict(int)
+        for (_, a, b), n in circuits.get(j, {}).items():
+            held_ports[a] += n
+            held_ports[b] += n
+        for (_, pod), n in spare[j].items():
+            held_ports[pod] += n
+        before = prev_jobs[j].spare if j in prev_jobs else ()
+        for pod, want in w.d.want:
+            if pod in held_ports or any(pod in k for k in w.bytes):
+                more = want - held_ports[pod]
+                # the same ports as before first: an unchanged job stays unchanged
+                for o, p_, n in before:
+                    if p_ == pod and more > 0:
+                        k = ports.take_port(o, pod, min(n, more))
+                        spare[j][(o, pod)] += k
+                        more -= k
+                if more > 0:
+                    for o, k in ports.take_ports(pod, more):
+                        spare[j][(o, pod)] += k
+
+    # results
+    isolated_set = set(isolated)
+    shared_set = set(shared)
+    out: list[JobAllocation] = []
+    for d in demands:
+        j = d.job_id
+        if j not in work:
+            out.append(JobAllocation(j, MODE_NONE, (), (), 1.0, "no inter-pod traffic"))
+            continue
+        w = work[j]
+        if j in isolated_set:
+            own = tuple(
+                (o, a, b, n) for (o, a, b), n in sorted(circuits.get(j, {}).items()) if n > 0
+            )
+            spare_out = tuple((o, pod, n) for (o, pod), n in sorted(spare[j].items()) if n > 0)
+            old = prev_jobs.get(j)
+            if (
+                old is not None
+                and old.mode == MODE_ISOLATED
+                and old.circuits == own
+                and old.spare == spare_out
+            ):
+                out.append(old)  # unchanged: the same allocation (and object)
+                continue
+            ports_by_pod: dict[str, float] = defaultdict(float)
+            for _, a, b, n in own:
+                ports_by_pod[a] += n
+                ports_by_pod[b] += n
+            s = round(w.slowdown(port_bps), 4)
+            out.append(
+                JobAllocation(
+                    j,
+                    MODE_ISOLATED,
+                    own,
+                    tuple(sorted(ports_by_pod.items())),
+                    s,
+                    f"isolated circuits by demand (est. slowdown {s:.2f}x)",
+                    spare_out,
+                )
+            )
+        elif j in shared_set:
+            k = len(shared)
+            on_pod: dict[str, int] = defaultdict(int)
+            for (a, b), n in pool_have.items():
+                if (a, b) in w.bytes:
+                    on_pod[a] += n
+                    on_pod[b] += n
+            exp = tuple((p, on_pod[p] / k) for p in w.d.pods)
+            nets = {x: work[x].net_s(pool_have, port_bps) for x in shared}
+            busy = sum(v for v in nets.values() if math.isfinite(v))
+            t = max(w.d.compute_s + nets[j], busy) * turn_overhead
+            s = round(t / w.ideal_s, 4) if w.ideal_s > 0 and math.isfinite(t) else math.inf
+            out.append(
+                JobAllocation(
+                    j,
+                    MODE_SHARED,
+                    (),
+                    exp,
+                    s,
+                    f"too few free ports on both pods of an OXC: takes turns with {k - 1} "
+                    f"other job(s) on {sum(pool_have.values())} shared circuit(s)",
+                )
+            )
+        else:
+            elec_on: dict[str, int] = defaultdict(int)
+            for x in electrical:
+                for p in work[x].d.pods:
+                    elec_on[p] += 1
+            e_s = _electrical_s(w, electrical_gbps, elec_on)
+            s = round(e_s / w.ideal_s, 4) if w.ideal_s > 0 else 1.0
+            out.append(
+                JobAllocation(
+                    j,
+                    MODE_ELECTRICAL,
+                    (),
+                    (),
+                    s,
+                    "too few free ports; the electrical layer is estimated faster than turns",
+                )
+            )
+    turn = tuple(j for j in (previous.turn_order if previous else ()) if j in shared)
+    turn += tuple(j for j in shared if j not in turn)
+    pool_out = tuple((o, a, b, n) for (o, a, b), n in sorted(pool.items()) if n > 0)
+    return PortAllocation(tuple(out), pool_out, turn)
+
+
+def _pool_pair(pool: Mapping[tuple[str, str, str], int], a: str, b: str) -> int:
+    return sum(n for (_, x, y), n in pool.items() if (x, y) == (a, b))
+
+
+def _take_all(ports: _Ports, pairs: Sequence[tuple[str, str]]) -> list[tuple[str, str, str]]:
+    """One circuit on each of `pairs`, all or none (pairs share pods): what was taken."""
+    taken: list[tuple[str, str, str]] = []
+    for a, b in pairs:
+        got = ports.take(a, b, 1)
+        if not got:
+            for o, x, y in taken:
+                ports.give(o, x, y, 1)
+            return []
+        taken.append((got[0][0], a, b))
+    return taken
+
+
+def _release_spare(
+    ports: _Ports, spare: dict[str, dict[tuple[str, str], int]], pods: set[str]
+) -> bool:
+    """Give back every job's spare ports on `pods` (headroom yields to a new job)."""
+    freed = False
+    for held in spare.values():
+        for (o, pod), n in list(held.items()):
+            if pod in pods and n > 0:
+                ports.free[pod][ports.index[o]] += n
+                held[(o, pod)] = 0
+                freed = True
+    return freed
+
+
+def _shrink_for(
+    ports: _Ports,
+    circuits: dict[str, dict[tuple[str, str, str], int]],
+    work: Mapping[str, _Job],
+    isolated: Sequence[str],
+    pairs: Sequence[tuple[str, str]],
+    port_bps: float,
+    below: float = math.inf,
+) -> bool:
+    """Free one port on both pods of each pair on a common OXC by shrinking others.
+
+    Donors are isolated jobs with more than one circuit on the pair they give up
+    (never below their minimum) whose estimated slowdown after giving stays
+    below `below`; the one with the lowest slowdown gives first. Changes only
+    the donors. False when some pair cannot be freed.
+    """
+    for a, b in pairs:
+        if ports.room(a, b) >= 1:
+            continue
+        done = False
+        for i, oxc in enumerate(ports.oxcs):
+            plan: list[tuple[str, tuple[str, str, str]]] = []
+            needed = [pod for pod in (a, b) if ports.free[pod][i] <= 0]
+            while needed:
+                pod = needed[0]
+                donors = [
+                    # a circuit between both needed pods frees both at once
+                    (-len(set(needed) & set(key[1:])), work[j].slowdown(port_bps), j, key)
+                    for j in isolated
+                    for key, n in circuits.get(j, {}).items()
+                    if n - sum(1 for _, k in plan if k == key) > 0
+                    and key[0] == oxc
+                    and pod in key[1:]
+                    and work[j].have[(key[1], key[2])] - sum(1 for _, k in plan if k == key) > 1
+                    and (below == math.inf or _slowdown_without(work[j], key, port_bps) < below)
+                ]
+                if not donors:
+                    break
+                _, _, j, key = min(donors)
+                plan.append((j, key))
+                needed = [p for p in needed if p not in key[1:]]
+            if not needed:
+                for j, key in plan:
+                    circuits[j][key] -= 1
+                    work[j].have[(key[1], key[2])] -= 1
+                    ports.give(key[0], key[1], key[2], 1)
+                done = True
+                break
+        if not done:
+            return False
+    return True
+
+
+def _slowdown_without(w: _Job, key: tuple[str, str, str], port_bps: float) -> float:
+    """The job's estimated slowdown with one circuit fewer on the key's pair."""
+    pair = (key[1], key[2])
+    w.have[pair] -= 1
+    try:
+        return w.slowdown(port_bps)
+    finally:
+        w.have[pair] += 1
+
+
+def _rebalance_for(
+    job_id: str,
+    ports: _Ports,
+    circuits: dict[str, dict[tuple[str, str, str], int]],
+    work: Mapping[str, _Job],
+    isolated: Sequence[str],
+    port_bps: float,
+) -> None:
+    """Water-filling for an arrival on top of what runs: the new job takes circuits
+    from jobs on its pods while they stay less slowed than it is (one at a time)."""
+    w = work[job_id]
+    mine = circuits.setdefault(job_id, {})
+    near = set(w.d.pods)
+    donors = [x for x in isolated if x != job_id and near & set(work[x].d.pods)]
+    for _ in range(sum(w.cap.values())):
+        pair = w.bottleneck()
+        if pair is None:
+            return
+        w.have[pair] += 1
+        gain = w.slowdown(port_bps)  # its slowdown with one more circuit there
+        w.have[pair] -= 1
+        if gain >= w.slowdown(port_bps) - 1e-12:
+            return
+        if not ports.room(*pair) and not _shrink_for(
+            ports, circuits, work, donors, [pair], port_bps, below=gain
+        ):
+            return
+        got = ports.take(pair[0], pair[1], 1)
+        if not got:
+            return
+        key = (got[0][0], pair[0], pair[1])
+        mine[key] = mine.get(key, 0) + 1
+        w.have[pair] += 1
+
+
+def _latest_holding(
+    isolated: Sequence[str],
+    circuits: Mapping[str, Mapping[tuple[str, str, str], int]],
+    work: Mapping[str, _Job],
+    a: str,
+    b: str,
+) -> str | None:
+    """The latest isolated job holding a port on pod a or b (it joins the turns)."""
+    for j in sorted(isolated, key=lambda x: -work[x].rank):
+        held = circuits.get(j, {})
+        if any(n > 0 and (x in (a, b) or y in (a, b)) for (_, x, y), n in held.items()):
+            return j
+    return None
+
+
+def _electrical_s(w: _Job, electrical_gbps: float, jobs_on: Mapping[str, int]) -> float:
+    """Iteration time over the pods' electrical uplinks, split among the jobs there."""
+    if electrical_gbps <= 0:
+        return math.inf
+    out: dict[str, float] = defaultdict(float)
+    for (a, b), x in w.bytes.items():
+        out[a] += x
+        out[b] += x
+    net = max(x / (electrical_gbps * 1e9 / 8 / max(1, jobs_on.get(p, 1))) for p, x in out.items())
+    return w.d.compute_s + net
+
+
+# ------------------------------------------------------------------ cross-connects
+
+
+def pair_circuits(cluster: Cluster, circuits: Iterable[tuple[str, str, str, int]]) -> PodCircuits:
+    """The pod circuit matrix of (oxc, pod_a, pod_b, n) entries."""
+    return PodCircuits.from_pairs(
+        tuple(p.id for p in cluster.pods), ((a, b, n) for _, a, b, n in circuits)
+    )
+
+
+def map_allocation(
+    cluster: Cluster,
+    wanted: Mapping[str, Iterable[tuple[str, str, str, int]]],
+    current: Iterable[CrossConnect],
+    occupied: Iterable[tuple[str, int]] = (),
+) -> CrossConnectMapping:
+    """Cross-connects for each job's allocated circuits, on exactly the OXCs allocated.
+
+    The allocation already found an OXC with a free port on both pods for every
+    circuit, so mapping per OXC never runs short where the allocation's budgets
+    hold. A job's current cross-connect on the same OXC and pod pair is kept;
+    the rest go on the lowest free ports. `occupied` ports (jobs left out) are
+    never used. Circuits that find no port (the fabric changed underneath) are
+    reported in `unmapped`.
+    """
+    where = port_pods(cluster)
+    need: dict[tuple[str, str, str, str], int] = defaultdict(int)  # (job, oxc, a, b)
+    for job, circuits in wanted.items():
+        for o, a, b, n in circuits:
+            key = (job, o, a, b) if a < b else (job, o, b, a)
+            need[key] += n
+    used: set[tuple[str, int]] = set(occupied)
+    kept: list[CrossConnect] = []
+    for cc in dict.fromkeys(current):
+        if cc.job_id not in wanted:
+            continue
+        pa, pb = where.get((cc.oxc_id, cc.port_a)), where.get((cc.oxc_id, cc.port_b))
+        if pa is None or pb is None or pa == pb:
+            continue
+        key = (cc.job_id, cc.oxc_id, min(pa, pb), max(pa, pb))
+        if need.get(key, 0) <= 0:
+            continue
+        if (cc.oxc_id, cc.port_a) in used or (cc.oxc_id, cc.port_b) in used:
+            continue
+        need[key] -= 1
+        kept.append(cc)
+        used.update({(cc.oxc_id, cc.port_a), (cc.oxc_id, cc.port_b)})
+    by_id = {o.id: o for o in cluster.oxcs}
+    free: dict[tuple[str, str], list[int]] = {}
+
+    def free_ports(oxc_id: str, pod: str) -> list[int]:
+        got = free.get((oxc_id, pod))
+        if got is None:
+            oxc = by_id.get(oxc_id)
+            ports = oxc.pod_ports.get(pod, ()) if oxc is not None else ()
+            got = sorted((p for p in ports if (oxc_id, p) not in used), reverse=True)
+            free[(oxc_id, pod)] = got
+        return got
+
+    added: list[CrossConnect] = []
+    unmapped: list[tuple[str, str, str, int]] = []
+    for (job, o, a, b), n in sorted(need.items()):
+        if n <= 0:
+            continue
+        fa, fb = free_ports(o, a), free_ports(o, b)
+        k = min(n, len(fa), len(fb))
+        for _ in range(k):
+            added.append(CrossConnect.of(o, fa.pop(), fb.pop(), job))
+        if k < n:
+            unmapped.append((job, a, b, n - k))
+    return CrossConnectMapping(
+        tuple(sorted(kept + added, key=lambda c: c.key)), tuple(unmapped), len(kept), len(added)
+    )

@@ -1,0 +1,281 @@
+"""Port allocation by demand: budgets, service, water-filling and completions."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from app.engine.allocation import (
+    MODE_ELECTRICAL,
+    MODE_ISOLATED,
+    MODE_NONE,
+    MODE_SHARED,
+    JobDemand,
+    PortAllocation,
+    allocate_ports,
+    job_demand,
+    map_allocation,
+    pair_circuits,
+)
+from app.engine.cluster import Cluster, build_cluster, preset
+from app.engine.cross_connects import realised_circuits
+from app.engine.job import Job, ModelFacts, Parallelism, Placement, Unit
+
+
+def _cluster(pods: int, oxcs: int, per_oxc: int) -> Cluster:
+    return build_cluster(
+        "t",
+        pods=pods,
+        tors_per_pod=1,
+        servers_per_tor=4,
+        uplink_ports_per_pod=per_oxc * oxcs,
+        oxcs=oxcs,
+        oxc_ports=per_oxc * pods,
+    )
+
+
+@st.composite
+def scenarios(draw: st.DrawFn) -> tuple[Cluster, list[JobDemand], float]:
+    pods = draw(st.integers(2, 5))
+    oxcs = draw(st.integers(1, 3))
+    # every pod has more than twice (pods - 1) ports: a pool of one circuit per pair fits
+    per_oxc = draw(st.integers(2 * (pods - 1) // oxcs + 1, 2 * (pods - 1) // oxcs + 4))
+    cluster = _cluster(pods, oxcs, per_oxc)
+    names = [p.id for p in cluster.pods]
+    demands = []
+    for i in range(draw(st.integers(1, 9))):
+        chosen = draw(st.lists(st.sampled_from(names), min_size=1, max_size=pods, unique=True))
+        chosen.sort()
+        pairs = []
+        for x in range(len(chosen)):
+            for y in range(x + 1, len(chosen)):
+                if draw(st.booleans()) or (x == 0 and y == 1):
+                    pairs.append((chosen[x], chosen[y], float(draw(st.integers(1, 10**4)) * 1e6)))
+        want = tuple((p, draw(st.integers(1, per_oxc * oxcs))) for p in chosen)
+        compute = draw(st.sampled_from([0.0, 0.01, 1.0]))
+        demands.append(JobDemand(f"j{i}", tuple(pairs), want, compute))
+    electrical = draw(st.sampled_from([0.0, 0.0, 400.0]))
+    return cluster, demands, electrical
+
+
+def _check_budgets(cluster: Cluster, alloc: PortAllocation) -> None:
+    wired = {(o.id, p): len(ports) for o in cluster.oxcs for p, ports in o.pod_ports.items()}
+    used = alloc.used_ports()
+    for key, n in used.items():
+        assert n <= wired.get(key, 0), f"{key}: {n} ports promised, {wired.get(key, 0)} wired"
+    per_pod: dict[str, int] = defaultdict(int)
+    for (_, p), n in used.items():
+        per_pod[p] += n
+    for pod in cluster.pods:
+        assert per_pod[pod.id] <= pod.uplink_ports
+
+
+def _check_served(demands: list[JobDemand], alloc: PortAllocation, electrical: float) -> None:
+    pool = alloc.pool_pair_circuits()
+    for d in demands:
+        ja = alloc.job(d.job_id)
+        assert ja is not None
+        pairs = {(a, b) for a, b, _ in d.pair_bytes}
+        if not pairs:
+            assert ja.mode == MODE_NONE
+            continue
+        if ja.mode == MODE_ISOLATED:
+            mine = ja.pair_circuits()
+            assert all(mine.get(k, 0) >= 1 for k in pairs), (d, ja)
+            assert set(mine) <= pairs
+        elif ja.mode == MODE_SHARED:
+            assert d.job_id in alloc.turn_order
+            assert all(pool.get(k, 0) >= 1 for k in pairs)
+        else:
+            assert ja.mode == MODE_ELECTRICAL and electrical > 0
+
+
+@settings(max_examples=150, deadline=None)
+@given(scenarios())
+def test_no_port_twice_budgets_and_everyone_served(
+    case: tuple[Cluster, list[JobDemand], float],
+) -> None:
+    cluster, demands, electrical = case
+    alloc = allocate_ports(cluster, demands, electrical_gbps=electrical)
+    _check_budgets(cluster, alloc)
+    _check_served(demands, alloc, electrical)
+    assert len(alloc.turn_order) != 1  # a lone sharer holds its circuits as its own
+
+
+@settings(max_examples=150, deadline=None)
+@given(scenarios(), st.data())
+def test_a_completion_never_lowers_another_jobs_share(
+    case: tuple[Cluster, list[JobDemand], float], data: st.DataObject
+) -> None:
+    cluster, demands, electrical = case
+    before = allocate_ports(cluster, demands, electrical_gbps=electrical)
+    gone = data.draw(st.sampled_from([d.job_id for d in demands]))
+    rest = [d for d in demands if d.job_id != gone]
+    after = allocate_ports(cluster, rest, previous=before, electrical_gbps=electrical)
+    _check_budgets(cluster, after)
+    _check_served(rest, after, electrical)
+    for d in rest:
+        old, new = before.job(d.job_id), after.job(d.job_id)
+        assert old is not None and new is not None
+        was = dict(old.expected_ports)
+        now = dict(new.expected_ports)
+        for pod, n in was.items():
+            assert now.get(pod, 0.0) >= n - 1e-9, (d.job_id, pod, was, now)
+        if old.mode == MODE_ISOLATED:
+            assert new.mode == MODE_ISOLATED
+            have = new.pair_circuits()
+            assert all(have.get(k, 0) >= n for k, n in old.pair_circuits().items())
+
+
+def test_water_filling_follows_bytes_and_stops_at_want() -> None:
+    cluster = _cluster(2, 2, 8)  # 16 ports per pod
+    # same compute and want: the job with more bytes suffers more from fewer circuits
+    want = (("pod-0", 16), ("pod-1", 16))
+    heavy = JobDemand("heavy", (("pod-0", "pod-1", 8e11),), want, compute_s=1.0)
+    light = JobDemand("light", (("pod-0", "pod-1", 1e11),), want, compute_s=1.0)
+    alloc = allocate_ports(cluster, [heavy, light])
+    h = alloc.job("heavy")
+    li = alloc.job("light")
+    assert h is not None and li is not None
+    assert h.mode == li.mode == MODE_ISOLATED
+    hc = h.pair_circuits()[("pod-0", "pod-1")]
+    lc = li.pair_circuits()[("pod-0", "pod-1")]
+    assert hc + lc == 16
+    assert hc > lc  # more bytes, more circuits
+    # equal estimated slowdown within one circuit's worth
+    assert (
+        abs(h.estimated_slowdown - li.estimated_slowdown)
+        < max(h.estimated_slowdown / hc, li.estimated_slowdown / lc) * 2
+    )
+    small = JobDemand("small", (("pod-0", "pod-1", 1e9),), (("pod-0", 2), ("pod-1", 2)))
+    alone = allocate_ports(cluster, [small]).job("small")
+    assert alone is not None and alone.pair_circuits()[("pod-0", "pod-1")] == 2
+    assert alone.estimated_slowdown == 1.0
+
+
+def test_a_job_with_no_port_left_takes_turns_and_the_last_slice_joins() -> None:
+    cluster = _cluster(2, 1, 1)  # one port per pod: one circuit in all
+    a = JobDemand("a", (("pod-0", "pod-1", 1e9),), (("pod-0", 8), ("pod-1", 8)))
+    b = JobDemand("b", (("pod-0", "pod-1", 1e9),), (("pod-0", 8), ("pod-1", 8)))
+    alloc = allocate_ports(cluster, [a, b])
+    ja, jb = alloc.job("a"), alloc.job("b")
+    assert ja is not None and jb is not None
+    # b gets no circuit of its own, so the minimal slice of a joins the turns
+    assert ja.mode == jb.mode == MODE_SHARED
+    assert set(alloc.turn_order) == {"a", "b"}
+    assert alloc.pool_pair_circuits() == {("pod-0", "pod-1"): 1}
+    assert ja.estimated_slowdown >= 2.0  # no compute to hide the other's turn in
+    # once b completes, a holds the circuit alone again
+    after = allocate_ports(cluster, [a], previous=alloc)
+    solo = after.job("a")
+    assert solo is not None and solo.mode == MODE_ISOLATED
+    assert solo.pair_circuits() == {("pod-0", "pod-1"): 1}
+
+
+def test_electrical_when_turns_would_be_slower() -> None:
+    cluster = _cluster(3, 1, 2)  # 2 ports per pod
+    first = JobDemand("a", (("pod-0", "pod-1", 1e9), ("pod-0", "pod-2", 1e9)), (("pod-0", 2),))
+    second = JobDemand("b", (("pod-1", "pod-2", 1e11),), (("pod-1", 8), ("pod-2", 8)))
+    third = JobDemand("c", (("pod-1", "pod-2", 1e11),), (("pod-1", 8), ("pod-2", 8)))
+    alloc = allocate_ports(cluster, [first, second, third], electrical_gbps=25_600.0)
+    modes = {j.job_id: j.mode for j in alloc.jobs}
+    assert MODE_ELECTRICAL in modes.values(), alloc
+
+
+def _job(job_id: str, dp: int, pp: int = 1) -> Job:
+    return Job(
+        job_id,
+        Parallelism(dp=dp, pp=pp),
+        model=ModelFacts(parameters=70e9, bytes_per_parameter=2),
+    )
+
+
+def test_job_demand_counts_cross_pod_bytes_and_wants_servers_times_nics() -> None:
+    cluster = preset("small")
+    servers = ["pod-0/tor-0/srv-0", "pod-0/tor-0/srv-1", "pod-1/tor-0/srv-0", "pod-1/tor-0/srv-1"]
+    placement = Placement("j", tuple(Unit(s, 0, i, 0) for i, s in enumerate(servers)))
+    d = job_demand(cluster, _job("j", dp=4), placement)
+    assert [(a, b) for a, b, _ in d.pair_bytes] == [("pod-0", "pod-1")]
+    assert d.pair_bytes[0][2] > 0
+    assert dict(d.want) == {"pod-0": 16, "pod-1": 16}  # 2 servers x 8 NICs, capped at 16
+    one_pod = Placement("k", tuple(Unit(s, 0, i, 0) for i, s in enumerate(servers[:2])))
+    assert not job_demand(cluster, _job("k", dp=2), one_pod).cross_pod
+
+
+@settings(max_examples=80, deadline=None)
+@given(scenarios())
+def test_allocated_circuits_map_onto_the_oxcs_without_a_port_twice(
+    case: tuple[Cluster, list[JobDemand], float],
+) -> None:
+    cluster, demands, electrical = case
+    alloc = allocate_ports(cluster, demands, electrical_gbps=electrical)
+    wanted = {j.job_id: j.circuits for j in alloc.jobs if j.circuits}
+    if alloc.pool:
+        wanted["(pool)"] = alloc.pool
+    mapping = map_allocation(cluster, wanted, ())
+    assert mapping.unmapped == ()
+    ports = [(cc.oxc_id, p) for cc in mapping.cross_connects for p in (cc.port_a, cc.port_b)]
+    assert len(ports) == len(set(ports))
+    for job_id, circuits in wanted.items():
+        got = realised_circuits(cluster, mapping.cross_connects, job_id)
+        assert got == pair_circuits(cluster, circuits)
+    # mapping again from what is held changes nothing
+    again = map_allocation(cluster, wanted, mapping.cross_connects)
+    assert again.cross_connects == mapping.cross_connects and again.added == 0
+
+
+@settings(max_examples=150, deadline=None)
+@given(scenarios())
+def test_an_arrival_changes_only_jobs_near_it(
+    case: tuple[Cluster, list[JobDemand], float],
+) -> None:
+    """Starting from what runs, an arrival changes the new job, jobs on its pods, and
+    jobs on the pods of those it took circuits from; everyone stays served."""
+    cluster, demands, electrical = case
+    before = allocate_ports(cluster, demands[:-1], electrical_gbps=electrical)
+    after = allocate_ports(cluster, demands, previous=before, electrical_gbps=electrical)
+    _check_budgets(cluster, after)
+    _check_served(demands, after, electrical)
+    new = demands[-1]
+    near = set(new.pods)
+    losers = set()
+    for d in demands[:-1]:
+        old, now = before.job(d.job_id), after.job(d.job_id)
+        assert old is not None and now is not None
+        had, has = old.pair_circuits(), now.pair_circuits()
+        if old.mode != now.mode or any(has.get(k, 0) < n for k, n in had.items()):
+            losers.add(d.job_id)
+    touched = near | {p for d in demands if d.job_id in losers for p in d.pods}
+    sharers = set(before.turn_order) | set(after.turn_order)  # one pool, whoever joins
+    for d in demands[:-1]:
+        old, now = before.job(d.job_id), after.job(d.job_id)
+        assert old is not None and now is not None
+        if old != now and d.job_id not in sharers:
+            assert set(d.pods) & touched, (d.job_id, old, now)
+
+
+def test_a_chain_job_holds_spare_ports_for_its_phase_topologies() -> None:
+    """Stages in pods 0, 1, 2: the held topology splits pod-1 over two pairs, but
+    each phase uses one pair; the job keeps the free ports of pods 0 and 2 as spare
+    so a phase's own topology can use all of them (until another job needs them)."""
+    cluster = _cluster(3, 2, 8)  # 16 ports per pod
+    want = (("pod-0", 16), ("pod-1", 16), ("pod-2", 16))
+    chain = JobDemand("chain", (("pod-0", "pod-1", 1e9), ("pod-1", "pod-2", 1e9)), want)
+    alloc = allocate_ports(cluster, [chain])
+    ja = alloc.job("chain")
+    assert ja is not None and ja.mode == MODE_ISOLATED
+    assert ja.pair_circuits() == {("pod-0", "pod-1"): 8, ("pod-1", "pod-2"): 8}
+    assert dict(ja.pod_ports) == {"pod-0": 16, "pod-1": 16, "pod-2": 16}
+    _check_budgets(cluster, alloc)
+    # a newcomer on pods 0 and 2 takes the spare ports first, then water-fills
+    other = JobDemand("other", (("pod-0", "pod-2", 1e9),), (("pod-0", 16), ("pod-2", 16)))
+    after = allocate_ports(cluster, [chain, other], previous=alloc)
+    jb = after.job("other")
+    ja2 = after.job("chain")
+    assert jb is not None and ja2 is not None and jb.mode == MODE_ISOLATED
+    assert jb.pair_circuits()[("pod-0", "pod-2")] >= 8  # at least the spare ports
+    assert all(n >= 1 for n in ja2.pair_circuits().values())
+    assert jb.estimated_slowdown >= ja2.estimated_slowdown  # it took only while ahead
+    _check_budgets(cluster, after)

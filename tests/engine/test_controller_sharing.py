@@ -1,0 +1,266 @@
+"""The controller shares the optical layer by demand (`allocation.allocate_ports`)."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from app.engine.cluster import build_cluster, preset
+from app.engine.controller import (
+    ControllerConfig,
+    ControllerState,
+    Event,
+    JobCompleted,
+    JobPlaced,
+    network_view,
+    new_controller,
+    step,
+)
+from app.engine.cross_connects import port_pods
+from app.engine.fabric import MODE_ISOLATED, MODE_NONE, MODE_TIME_DIVISION
+from app.engine.job import Collective, Job, ModelFacts, Parallelism, Placement, Unit
+
+SMALL = preset("small")
+CONFIG = ControllerConfig(reconfig_ms=25.0)
+
+
+def _job(job_id: str, servers: list[str], pp: int = 1) -> tuple[Job, Placement]:
+    dp = len(servers) // pp
+    job = Job(
+        job_id,
+        Parallelism(dp=dp, pp=pp),
+        ModelFacts(2e9, 2.0, 3e7, 8),
+        collective=Collective.RING,
+    )
+    units = tuple(Unit(s, i // dp, i % dp, 0) for i, s in enumerate(servers))
+    return job, Placement(job_id, units)
+
+
+def _on(cluster, pods: list[int], slot: int, per_pod: int) -> list[str]:  # type: ignore[no-untyped-def]
+    out = []
+    for p in pods:
+        servers = [s.id for t in cluster.pods[p].tors for s in t.servers]
+        out += servers[slot : slot + per_pod]
+    return out
+
+
+def _run(state: ControllerState, events: list[Event]) -> ControllerState:
+    for e in events:
+        state, _ = step(state, e)
+    return state
+
+
+def test_two_jobs_on_the_same_pods_share_the_uplinks_by_demand() -> None:
+    """Before: the first job took all 16 uplinks and the second got nothing of its own."""
+    a = _job("a", _on(SMALL, [0, 1], 0, 2))
+    b = _job("b", _on(SMALL, [0, 1], 2, 2))
+    state = _run(new_controller(SMALL, CONFIG), [JobPlaced(*a, at_s=0.0), JobPlaced(*b, at_s=0.1)])
+    ja, jb = state.job_fabric("a"), state.job_fabric("b")
+    assert ja is not None and jb is not None
+    assert ja.slice.mode == jb.slice.mode == MODE_ISOLATED
+    na, nb = ja.circuits.get("pod-0", "pod-1"), jb.circuits.get("pod-0", "pod-1")
+    assert na + nb == 16 and abs(na - nb) <= 2, (na, nb)
+    view = network_view(state, "b")
+    assert view is not None and view.mode == "isolated"
+    # a completion gives the survivor the freed ports
+    state = _run(state, [JobCompleted("a", 1.0)])
+    jb = state.job_fabric("b")
+    assert jb is not None and jb.circuits.get("pod-0", "pod-1") == 16
+
+
+def test_an_arrival_elsewhere_leaves_running_jobs_alone() -> None:
+    a = _job("a", _on(SMALL, [0, 1], 0, 2))
+    state = _run(new_controller(SMALL, CONFIG), [JobPlaced(*a, at_s=0.0)])
+    before = {cc for cc in state.desired if cc.job_id == "a"}
+    c = _job("c", _on(SMALL, [2, 3], 0, 2))
+    state, decisions = step(state, JobPlaced(*c, at_s=0.5))
+    assert {cc for cc in state.desired if cc.job_id == "a"} == before
+    assert all(d.job_id != "a" for d in decisions)
+
+
+NARROW = build_cluster(
+    "narrow",
+    pods=3,
+    tors_per_pod=1,
+    servers_per_tor=6,
+    uplink_ports_per_pod=4,
+    oxcs=2,
+    oxc_ports=6,
+)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.data())
+def test_every_job_is_served_and_no_port_is_used_twice(data: st.DataObject) -> None:
+    """Random arrivals and completions on a fabric with few ports: every placed job
+    with cross-pod traffic holds circuits of its own or takes turns; no circuit is
+    left unmapped; no OXC port is in two cross-connects."""
+    state = new_controller(NARROW, CONFIG)
+    free = {p.id: [s.id for s in p.servers] for p in NARROW.pods}
+    running: dict[str, list[str]] = {}
+    t = 0.0
+    for k in range(data.draw(st.integers(2, 10))):
+        t += 0.1
+        if running and data.draw(st.booleans()):
+            gone = data.draw(st.sampled_from(sorted(running)))
+            for s in running.pop(gone):
+                free[NARROW.server(s).pod_id].append(s)
+            state, _ = step(state, JobCompleted(gone, t))
+        else:
+            pods = data.draw(st.lists(st.sampled_from(sorted(free)), min_size=1, max_size=3))
+            servers = []
+            for p in pods:
+                if free[p]:
+                    servers.append(free[p].pop())
+            if len(servers) < 2:
+                for s in servers:
+                    free[NARROW.server(s).pod_id].append(s)
+                continue
+            job, placement = _job(f"j{k}", servers)
+            running[job.job_id] = servers
+            state, _ = step(state, JobPlaced(job, placement, t))
+        fabric = state.fabric
+        assert fabric is not None
+        assert fabric.unmapped == ()
+        ports = [(cc.oxc_id, p) for cc in state.desired for p in (cc.port_a, cc.port_b)]
+        assert len(ports) == len(set(ports))
+        where = port_pods(NARROW)
+        assert all(pt in where for pt in ports)
+        for jf in fabric.jobs:
+            if jf.slice.mode == MODE_ISOLATED:
+                assert jf.circuits.total >= 1, jf
+            elif jf.slice.mode == MODE_TIME_DIVISION:
+                assert jf.job_id in fabric.time_division
+            else:
+                assert jf.slice.mode == MODE_NONE
+
+
+def test_a_shrinking_job_gives_up_circuits_in_its_compute_gap() -> None:
+    """b arrives 10 ms before a's next phase: a's circuits change only after that
+    phase has started, when the gap to the following one fits a reconfiguration."""
+    from app.engine.controller import PhaseObserved
+    from app.engine.plan_signature import PodDemand
+
+    a = _job("a", _on(SMALL, [0, 1], 0, 2))
+    b = _job("b", _on(SMALL, [0, 1], 2, 2))
+    demand = PodDemand((("pod-0", "pod-1", 4e9),))
+    events: list[Event] = [JobPlaced(*a, at_s=0.0)]
+    events += [PhaseObserved("a", demand, 0.5 * k, 0.5 * k + 0.001) for k in range(1, 8)]
+    state = _run(new_controller(SMALL, CONFIG), events)
+    held = {cc for cc in state.desired if cc.job_id == "a"}
+    assert len(held) == 16
+    state, decisions = step(state, JobPlaced(*b, at_s=3.99))  # a's next phase at 4.0
+    assert "a" in state.deferred
+    assert {cc for cc in state.desired if cc.job_id == "a"} == held  # untouched for now
+    assert not any(d.kind == "oxc" and d.oxc and d.oxc.disconnect for d in decisions)
+    ports = [(cc.oxc_id, p) for cc in state.desired for p in (cc.port_a, cc.port_b)]
+    assert len(ports) == len(set(ports))
+    # a's phase at 4.0 starts; the next is 0.5 s away: now its circuits shrink
+    state, decisions = step(state, PhaseObserved("a", demand, 4.0, 4.001))
+    assert "a" not in state.deferred and state.pending == ()
+    # (a circuit handed from a to b on the same ports is re-tagged, not re-switched)
+    mine = [cc for cc in state.desired if cc.job_id == "a"]
+    theirs = [cc for cc in state.desired if cc.job_id == "b"]
+    assert 0 < len(mine) < 16 and len(mine) + len(theirs) == 16
+
+
+def test_free_uplinks_are_what_no_allocation_holds() -> None:
+    from app.engine.controller import free_uplinks
+
+    a = _job("a", _on(SMALL, [0, 1], 0, 1))  # 1 server per pod: wants 8 ports each
+    state = _run(new_controller(SMALL, CONFIG), [JobPlaced(*a, at_s=0.0)])
+    free = free_uplinks(state)
+    assert free["pod-0"] == free["pod-1"] == 8
+    assert free["pod-2"] == free["pod-3"] == 16
+
+
+ONE_PORT = build_cluster(
+    "one-port",
+    pods=2,
+    tors_per_pod=1,
+    servers_per_tor=4,
+    uplink_ports_per_pod=1,
+    oxcs=1,
+    oxc_ports=2,
+)
+
+
+def test_sharers_take_the_turn_when_their_phase_comes_in_the_holders_gap() -> None:
+    """One circuit, two jobs: both take turns. A sharer whose phase comes while the
+    holder is in a long compute gap gets the circuit then, not when the clock says."""
+    from app.engine.controller import PhaseObserved
+    from app.engine.plan_signature import PodDemand
+
+    a = _job("a", _on(ONE_PORT, [0, 1], 0, 1))
+    b = _job("b", _on(ONE_PORT, [0, 1], 1, 1))
+    config = ControllerConfig(reconfig_ms=25.0, turn_ms=60_000.0)  # the clock never rotates
+    state = _run(new_controller(ONE_PORT, config), [JobPlaced(*a, at_s=0.0), JobPlaced(*b, 0.1)])
+    order = state.turn_order
+    assert set(order) == {"a", "b"}
+    holder, other = order
+    view = network_view(state, other)
+    assert view is not None and view.mode == "shared"
+    demand = PodDemand((("pod-0", "pod-1", 1e9),))
+    events: list[Event] = [
+        PhaseObserved(holder, demand, 1.0 * k, 1.0 * k + 0.001) for k in range(1, 6)
+    ]
+    state = _run(state, events)
+    assert state.turn_order[0] == holder
+    # the holder's next phase is at 6.0; the other's phase starts at 5.2
+    state, decisions = step(state, PhaseObserved(other, demand, 5.2, 5.201))
+    assert state.turn_order[0] == other
+    assert [cc.job_id for cc in state.desired] == [other]
+    assert any(d.kind == "routing" and d.job_id == other for d in decisions)
+    # the new holder's gaps are not known yet: the turn stays until the clock
+    state, _ = step(state, PhaseObserved(holder, demand, 6.0, 6.001))
+    assert state.turn_order[0] == other
+    ports = [(cc.oxc_id, p) for cc in state.desired for p in (cc.port_a, cc.port_b)]
+    assert len(ports) == len(set(ports))
+
+
+AGG = build_cluster(
+    "agg",
+    pods=2,
+    tors_per_pod=2,
+    servers_per_tor=8,
+    uplink_ports_per_pod=2,
+    oxcs=1,
+    oxc_ports=4,
+    aggregator_gbps=3200.0,
+    pod_aggregator_gbps=1600.0,
+)
+
+
+def test_inc_follows_aggregators_from_one_iteration_to_the_next() -> None:
+    """A job forced to INC falls back while another job holds the aggregators, and its
+    dp routing header switches to INC once they are freed (no re-placement)."""
+    pod = AGG.pods[0]
+    hog_servers = [s.id for t in pod.tors for s in t.servers[:4]]
+    job_servers = [s.id for t in pod.tors for s in t.servers[4:6]]
+
+    def inc_job(job_id: str, servers: list[str]) -> tuple[Job, Placement]:
+        job = Job(
+            job_id,
+            Parallelism(dp=len(servers), pp=1),
+            ModelFacts(70e9, 2.0),
+            collective=Collective.INC,
+        )
+        units = tuple(Unit(s, 0, i, 0) for i, s in enumerate(servers))
+        return job, Placement(job_id, units)
+
+    state = _run(
+        new_controller(AGG, CONFIG),
+        [JobPlaced(*inc_job("hog", hog_servers), 0.0), JobPlaced(*inc_job("j", job_servers), 0.1)],
+    )
+    hog, j = state.job_fabric("hog"), state.job_fabric("j")
+    assert hog is not None and hog.collective.inc
+    assert j is not None and not j.collective.inc and "unavailable" in j.collective.reason
+    dp = next(r for r in j.routing if r.phase == "dp")
+    assert not dp.inc
+    state, decisions = step(state, JobCompleted("hog", 1.0))
+    j = state.job_fabric("j")
+    assert j is not None and j.collective.inc and "per iteration" in j.collective.reason
+    headers = [d.routing for d in decisions if d.kind == "routing" and d.job_id == "j"]
+    assert headers and any(h is not None and h.phase == "dp" and h.inc for h in headers)
+    assert state.fabric is not None
+    assert {g.job_id for g in state.fabric.aggregators.grants} == {"j"}
