@@ -243,3 +243,32 @@ def test_admission_does_not_wait_for_a_fabric_pass_under_way(store: Store) -> No
         fabric.release.set()
         stop.set()
         thread.join(10)
+
+
+def test_a_kicked_switch_pass_reads_only_the_switches_whose_desired_state_changed(
+    store: Store,
+) -> None:
+    repo = FabricRepository(store)
+    metrics = WorkerMetrics()
+    fabric = FabricDriver(
+        repo, TrafficRepository(store), SMALL, ControllerConfig(reconfig_ms=0.0), metrics
+    )
+    controller = SwitchController(
+        repo,
+        InProcessDriver.for_cluster(SMALL, reconfig_ms=0.0),
+        SMALL,
+        metrics,
+        on_confirmed=fabric.confirmed,
+        desired_source=lambda: fabric.committed,
+    )
+    assert set(controller.run_once(full=False).confirmed) == {o.id for o in SMALL.oxcs}
+    assert controller.run_once(full=False).confirmed == {}  # nothing changed: nothing read
+    _submit(store, "wide", 12)
+    schedule(store, SMALL, QueuePolicy.FIFO, backfill=True, reason="arrival")
+    fabric.sync("arrival")
+    assert fabric.committed
+    changed = {cc.oxc_id for cc in fabric.committed}
+    result = controller.run_once(full=False)
+    assert set(result.confirmed) == changed and result.converged
+    assert controller.run_once(full=False).confirmed == {}
+    assert set(controller.run_once().confirmed) == {o.id for o in SMALL.oxcs}  # the resync
