@@ -436,10 +436,13 @@ def _reallocate(
     before = replace(
         before, cross_connects=state.desired if before_desired is None else before_desired
     )
+    changes = changed_cross_connects(before.cross_connects, fabric.cross_connects)
     desired, pending, deferred = _defer_to_gaps(
-        state, jobs, before.cross_connects, fabric.cross_connects, at_s
+        state, jobs, before.cross_connects, fabric.cross_connects, at_s, changes[0]
     )
-    decisions = diff_plans(before, replace(fabric, cross_connects=desired), reason)
+    if deferred:
+        changes = changed_cross_connects(before.cross_connects, desired)
+    decisions = diff_plans(before, replace(fabric, cross_connects=desired), reason, changes)
     state = replace(
         state,
         jobs=jobs,
@@ -450,9 +453,7 @@ def _reallocate(
     )
     if active is None or not fabric.time_division or fabric.time_division[0] != active:
         state = replace(state, turn_started_s=at_s)
-    changed = _jobs_changed(
-        before.cross_connects, desired, changed_cross_connects(before.cross_connects, desired)
-    )
+    changed = _jobs_changed(before.cross_connects, desired, changes)
     state = _record_installs(state, changed, at_s)
     state, follow = _follow_aggregators(state, ledger, changed_alloc, reason)
     return state, decisions + follow
@@ -516,24 +517,20 @@ def _defer_to_gaps(
     before: Sequence[CrossConnect],
     after: Sequence[CrossConnect],
     at_s: float,
+    gone: Sequence[CrossConnect],
 ) -> tuple[tuple[CrossConnect, ...], tuple[CrossConnect, ...], frozenset[str]]:
     """What to install now, what waits, and for whose compute gap.
 
     A running job that loses cross-connects while its phases are predicted and
     its next phase is too close for a reconfiguration keeps its old ones until
     its gap; cross-connects of other jobs that need its ports wait with it.
-    Everything else (new circuits on free ports) is installed now.
+    Everything else (new circuits on free ports) is installed now. `gone`: the
+    cross-connects of `before` that `after` does not hold (`changed_cross_connects`).
     """
-    old: dict[str, set[CrossConnect]] = {}
-    new: dict[str, set[CrossConnect]] = {}
-    for cc in before:
-        old.setdefault(cc.job_id, set()).add(cc)
-    for cc in after:
-        new.setdefault(cc.job_id, set()).add(cc)
     running = {pj.job.job_id for pj in jobs}
     deferred = set()
-    for job_id, had in old.items():
-        if job_id not in running or not had - new.get(job_id, set()):
+    for job_id in sorted({cc.job_id for cc in gone}):
+        if job_id not in running:
             continue
         cycle = state.cycles.get(job_id)
         if cycle is None or not cycle.confirmed_period or cycle.predictor.period is None:
