@@ -149,6 +149,27 @@ def map_cross_connects(
             # descending, so pop() hands out the lowest free port
             free[(o.id, pod)] = sorted((p for p in ports if (o.id, p) not in used), reverse=True)
     oxc_ids = [o.id for o in cluster.oxcs]
+    spare = {k: list(v) for k, v in free.items()}  # before the greedy pass takes any
+    added, unmapped = _map_greedy(oxc_ids, need, free)
+    if unmapped:
+        # the greedy choice of switch can strand a pair whose pods have free ports
+        # only on different OXCs; an exact assignment of counts per OXC fixes that
+        exact = _map_exact(oxc_ids, need, spare)
+        if exact is not None and len(exact[1]) < len(unmapped):
+            added, unmapped = exact
+    return CrossConnectMapping(
+        tuple(sorted(kept + added, key=_physical)), tuple(unmapped), len(kept), len(added)
+    )
+
+
+_Need = Mapping[str, Mapping[tuple[str, str], int]]
+_Free = dict[tuple[str, str], list[int]]
+
+
+def _map_greedy(
+    oxc_ids: list[str], need: _Need, free: _Free
+) -> tuple[list[CrossConnect], list[tuple[str, str, str, int]]]:
+    """Each circuit on the OXC with most free ports on both its pods (lowest id on ties)."""
     added: list[CrossConnect] = []
     unmapped: list[tuple[str, str, str, int]] = []
     for job in sorted(need):
@@ -164,9 +185,68 @@ def map_cross_connects(
                 added.append(
                     CrossConnect.of(best, free[(best, a)].pop(), free[(best, b)].pop(), job)
                 )
-    return CrossConnectMapping(
-        tuple(sorted(kept + added, key=_physical)), tuple(unmapped), len(kept), len(added)
+    return added, unmapped
+
+
+def _map_exact(
+    oxc_ids: list[str], need: _Need, free: _Free
+) -> tuple[list[CrossConnect], list[tuple[str, str, str, int]]] | None:
+    """Most circuits mapped: an integer program over circuits per (OXC, pod pair).
+
+    Ports are interchangeable within an OXC and pod, so only counts matter: at
+    most the free ports of each pod on each OXC, at most the wanted circuits of
+    each pair. Solved with HiGHS (scipy, loaded here); None if it finds nothing.
+    """
+    import numpy as np
+    from scipy.optimize import Bounds, LinearConstraint, milp
+
+    pairs = sorted({pair for job in need.values() for pair, n in job.items() if n > 0})
+    if not pairs:
+        return None
+    wanted = [sum(job.get(pair, 0) for job in need.values()) for pair in pairs]
+    nv = len(oxc_ids) * len(pairs)
+    rows, caps = [], []
+    for oi, o in enumerate(oxc_ids):
+        for pod in sorted({p for pair in pairs for p in pair}):
+            row = np.zeros(nv)
+            for k, pair in enumerate(pairs):
+                if pod in pair:
+                    row[oi * len(pairs) + k] = 1
+            rows.append(row)
+            caps.append(len(free.get((o, pod), ())))
+    for k in range(len(pairs)):
+        row = np.zeros(nv)
+        row[k :: len(pairs)] = 1
+        rows.append(row)
+        caps.append(wanted[k])
+    result = milp(
+        -np.ones(nv),
+        constraints=LinearConstraint(np.array(rows), -np.inf, np.array(caps, dtype=float)),
+        integrality=np.ones(nv),
+        bounds=Bounds(0, np.inf),
+        options={"time_limit": 2.0},
     )
+    if result.x is None:
+        return None
+    counts = {
+        (o, pair): int(round(result.x[oi * len(pairs) + k]))
+        for oi, o in enumerate(oxc_ids)
+        for k, pair in enumerate(pairs)
+    }
+    free = {key: list(ports) for key, ports in free.items()}
+    left = {job: dict(n) for job, n in need.items()}
+    added: list[CrossConnect] = []
+    for (o, (a, b)), n in sorted(counts.items()):
+        for _ in range(n):
+            job = next((j for j in sorted(left) if left[j].get((a, b), 0) > 0), None)
+            if job is None:
+                break
+            left[job][(a, b)] -= 1
+            added.append(CrossConnect.of(o, free[(o, a)].pop(), free[(o, b)].pop(), job))
+    unmapped = [
+        (job, a, b, n) for job in sorted(left) for (a, b), n in sorted(left[job].items()) if n > 0
+    ]
+    return added, unmapped
 
 
 def changed_cross_connects(

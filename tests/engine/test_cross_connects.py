@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from app.engine.circuits import PodCircuits
-from app.engine.cluster import preset
+from app.engine.cluster import build_cluster, preset
 from app.engine.cross_connects import (
     CrossConnect,
     diff_cross_connects,
@@ -106,3 +106,32 @@ def test_dropped_job_cross_connects_are_removed() -> None:
     m2 = map_cross_connects(SMALL, {"stay": wish}, m.cross_connects)
     assert {cc.job_id for cc in m2.cross_connects} == {"stay"}
     assert m2.added == 0
+
+
+def test_circuits_the_greedy_switch_choice_strands_are_mapped_exactly() -> None:
+    """Two OXCs with two ports per pod each; another job holds a pod-0 and a pod-1 port
+    on oxc-1. Greedy puts both pod-0/pod-2 circuits on oxc-0 and strands pod-1/pod-2;
+    an assignment exists (one pod-0/pod-2 and the pod-1/pod-2 circuit on oxc-1)."""
+    cluster = build_cluster(
+        "narrow",
+        pods=3,
+        tors_per_pod=1,
+        servers_per_tor=2,
+        uplink_ports_per_pod=4,
+        oxcs=2,
+        oxc_ports=6,
+    )
+    pods = tuple(p.id for p in cluster.pods)
+    wanted = {
+        "j2": PodCircuits.from_pairs(
+            pods, [("pod-0", "pod-2", 2), ("pod-0", "pod-1", 1), ("pod-1", "pod-2", 1)]
+        )
+    }
+    where = port_pods(cluster)
+    held = [p for p in sorted(where) if p[0] == "oxc-1" and where[p] in ("pod-0", "pod-1")]
+    occupied = [held[0], held[-1]]  # one pod-0 and one pod-1 port of oxc-1
+    mapping = map_cross_connects(cluster, wanted, (), occupied)
+    assert mapping.unmapped == ()
+    ports = [(cc.oxc_id, p) for cc in mapping.cross_connects for p in (cc.port_a, cc.port_b)]
+    assert len(ports) == len(set(ports)) and not set(ports) & set(occupied)
+    assert realised_circuits(cluster, mapping.cross_connects) == wanted["j2"]
