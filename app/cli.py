@@ -148,6 +148,14 @@ def worker(
 def mock_oxc(host: HostOpt = "127.0.0.1", port: PortOpt = 9090, cluster: ClusterOpt = None) -> None:
     """Mock optical circuit switches (one per OXC of the cluster) over HTTP; one replica."""
     settings = _settings(cluster)
+    token = settings.southbound_token.get_secret_value() if settings.southbound_token else None
+    if not token and not is_loopback(host):
+        typer.echo(
+            f"error: refusing to bind {host} without LIGHTPATH_SOUTHBOUND_TOKEN; "
+            "the switches' control API is open only on a loopback address",
+            err=True,
+        )
+        raise typer.Exit(2)
     topology = _load_cluster(settings)
     from app.southbound.mock_oxc import create_mock_oxc_app
 
@@ -156,6 +164,7 @@ def mock_oxc(host: HostOpt = "127.0.0.1", port: PortOpt = 9090, cluster: Cluster
         reconfig_ms=None,
         fault_rate=settings.mock_fault_rate,
         seed=settings.mock_fault_seed,
+        token=token,
     )
     log.info("mock-oxc serving", extra={"host": host, "port": port, "oxcs": len(topology.oxcs)})
     _serve_http(app, host, port)

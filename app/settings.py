@@ -16,6 +16,7 @@ from app.engine.queue import QueuePolicy
 
 SCOPES = ("launcher", "telemetry", "operator")
 DEFAULT_SQLITE = "sqlite:///./.lightpath/lightpath.db"
+PLACEHOLDERS = frozenset({"changeme", "secret", "token", "password"})
 
 
 class Settings(BaseSettings):
@@ -27,6 +28,9 @@ class Settings(BaseSettings):
     redis_url: str | None = None
     southbound_url: str | None = None
     api_tokens: SecretStr | None = None
+    southbound_token: SecretStr | None = Field(
+        None, description="bearer token of the mock switches' control API (both ends)"
+    )
     cluster: str = "small"
     queue_policy: QueuePolicy = QueuePolicy.FIFO
     backfill: bool = True
@@ -96,6 +100,15 @@ class Settings(BaseSettings):
             return value
         return None
 
+    @field_validator("southbound_token")
+    @classmethod
+    def _check_southbound_token(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is None or not value.get_secret_value().strip():
+            return None
+        if value.get_secret_value().strip().lower() in PLACEHOLDERS:
+            raise ValueError("refusing a placeholder token; set a real secret")
+        return value
+
     @property
     def is_sqlite(self) -> bool:
         return self.database_url.startswith("sqlite")
@@ -130,7 +143,7 @@ def parse_tokens(raw: str) -> dict[str, str]:
             )
         if token in tokens and tokens[token] != scope:
             raise ValueError("one token is listed under two scopes")
-        if token.lower() in {"changeme", "secret", "token", "password"}:
+        if token.lower() in PLACEHOLDERS:
             raise ValueError("refusing a placeholder token; set a real secret")
         tokens[token] = scope
     return tokens

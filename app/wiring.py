@@ -44,10 +44,15 @@ def build_store(settings: Settings) -> Store:
     return Store(write, read)
 
 
+def _southbound_token(settings: Settings) -> str | None:
+    token = settings.southbound_token
+    return token.get_secret_value() if token is not None else None
+
+
 def build_driver(settings: Settings, cluster: Cluster) -> SouthboundDriver:
     """The HTTP driver when LIGHTPATH_SOUTHBOUND_URL is set, else in-process mock switches."""
     if settings.southbound_url:
-        return HttpDriver(settings.southbound_url)
+        return HttpDriver(settings.southbound_url, token=_southbound_token(settings))
     return InProcessDriver.for_cluster(
         cluster, fault_rate=settings.mock_fault_rate, seed=settings.mock_fault_seed
     )
@@ -210,7 +215,7 @@ def build_api_runtime(settings: Settings, cluster: Cluster) -> Runtime:
     runtime.closers.append(services.traffic.close)
     runtime.closers.append(bus.close)
     if settings.southbound_url:  # only for /readyz: the worker drives the switches
-        services.southbound = HttpDriver(settings.southbound_url)
+        services.southbound = HttpDriver(settings.southbound_url, token=_southbound_token(settings))
         runtime.closers.append(services.southbound.close)
     return runtime
 
@@ -238,7 +243,9 @@ def build_worker_runtime(settings: Settings, cluster: Cluster) -> Runtime:
     attach_worker(runtime, settings, cluster, store, bus, driver, metrics)
     lease = RedisLease(settings.redis_url) if settings.redis_url else LocalLease()
     # every transaction of the worker and switch threads carries the lease's token
-    fence = Fence(store.write_engine, lambda: lease.token)
+    fence = Fence(
+        store.write_engine, lambda: lease.token, advance=getattr(lease, "advance_past", None)
+    )
     runtime.thread_init = fence.bind_current_thread
     worker = runtime.worker
     assert worker is not None

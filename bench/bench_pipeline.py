@@ -466,7 +466,9 @@ def main() -> int:
     load_after = os.getloadavg()
     ok = ingest.demands_per_s >= TARGET_DEMANDS_PER_S
     single_ok = ingest.single_reports_per_s >= TARGET_SINGLE_REPORTS_PER_S
-    stored_once = ingest.stored == ingest.acknowledged
+    # wrk stops with up to `clients` requests in flight: stored, never answered
+    in_flight = ingest.stored - ingest.acknowledged
+    stored_once = 0 <= in_flight <= args.clients
     rows = [
         (
             f"ingest: demand entries/s (batches of {BATCH_REPORTS} x {args.demands})",
@@ -482,9 +484,9 @@ def main() -> int:
             "met" if single_ok else "MISSED",
         ),
         (
-            "reports stored / acknowledged",
+            "reports stored / acknowledged (+ in flight)",
             f"{ingest.stored:,} / {ingest.acknowledged:,}",
-            "equal",
+            f"+0..{args.clients}",
             "met" if stored_once else "MISSED",
         ),
         ("worker catch-up after ingest, s", f"{ingest.catch_up_s:.1f}", "", ""),

@@ -61,6 +61,13 @@ def main() -> int:
     if mode == "ok":
         return 0
     if mode == "fail" and rank == 1:
+        # fail once every rank is up (its SIGTERM handler installed), so the test sees
+        # each of them stopped rather than some killed while still starting
+        deadline = time.monotonic() + 60
+        while len(list(out.glob("rank-*.json"))) < int(env["NNODES"]):
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.02)
         return 3
     if mode == "slow":  # outlives the lease several times over: only heartbeats keep the job
         time.sleep(4)

@@ -99,3 +99,18 @@ def test_loading_a_cluster_imports_neither_the_service_nor_numpy(tmp_path: Path)
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60
     ).stdout
     assert out.strip() == "[]"
+
+
+def test_simulating_imports_neither_the_web_nor_the_database_layer(tmp_path: Path) -> None:
+    workload = tmp_path / "w.jsonl"
+    probe = (
+        "import sys; from app.sim.commands import run_generate, run_simulate; "
+        f"assert run_generate('dense', 'small', 1.0, 3, 1, {str(workload)!r}) == 0; "
+        f"assert run_simulate('small', {str(workload)!r}, ['static'], None, 1, None) == 0; "
+        "print(sorted(m for m in ('fastapi', 'sqlalchemy', 'app.wiring', 'app.api') "
+        "if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=300
+    ).stdout
+    assert out.strip().splitlines()[-1] == "[]"

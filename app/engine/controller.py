@@ -213,6 +213,8 @@ class JobCycle:
     installs: tuple[Install, ...] = ()
     waiting: tuple[WaitingPhase, ...] = ()
     fits: tuple[bool, ...] = ()  # did each recent rewiring fit its gap
+    gaps: tuple[float, ...] = ()  # seconds between a phase being seen and the next start
+    last_seen_s: float | None = None
     confirmed_period: bool = False  # a predicted period came true at least once
     accounting: Accounting = Accounting()
     last_plan: str | None = None
@@ -434,10 +436,13 @@ def _reallocate(
     before = replace(
         before, cross_connects=state.desired if before_desired is None else before_desired
     )
+    changes = changed_cross_connects(before.cross_connects, fabric.cross_connects)
     desired, pending, deferred = _defer_to_gaps(
-        state, jobs, before.cross_connects, fabric.cross_connects, at_s
+        state, jobs, before.cross_connects, fabric.cross_connects, at_s, changes[0]
     )
-    decisions = diff_plans(before, replace(fabric, cross_connects=desired), reason)
+    if deferred:
+        changes = changed_cross_connects(before.cross_connects, desired)
+    decisions = diff_plans(before, replace(fabric, cross_connects=desired), reason, changes)
     state = replace(
         state,
         jobs=jobs,
@@ -448,9 +453,7 @@ def _reallocate(
     )
     if active is None or not fabric.time_division or fabric.time_division[0] != active:
         state = replace(state, turn_started_s=at_s)
-    changed = _jobs_changed(
-        before.cross_connects, desired, changed_cross_connects(before.cross_connects, desired)
-    )
+    changed = _jobs_changed(before.cross_connects, desired, changes)
     state = _record_installs(state, changed, at_s)
     state, follow = _follow_aggregators(state, ledger, changed_alloc, reason)
     return state, decisions + follow
@@ -514,24 +517,20 @@ def _defer_to_gaps(
     before: Sequence[CrossConnect],
     after: Sequence[CrossConnect],
     at_s: float,
+    gone: Sequence[CrossConnect],
 ) -> tuple[tuple[CrossConnect, ...], tuple[CrossConnect, ...], frozenset[str]]:
     """What to install now, what waits, and for whose compute gap.
 
     A running job that loses cross-connects while its phases are predicted and
     its next phase is too close for a reconfiguration keeps its old ones until
     its gap; cross-connects of other jobs that need its ports wait with it.
-    Everything else (new circuits on free ports) is installed now.
+    Everything else (new circuits on free ports) is installed now. `gone`: the
+    cross-connects of `before` that `after` does not hold (`changed_cross_connects`).
     """
-    old: dict[str, set[CrossConnect]] = {}
-    new: dict[str, set[CrossConnect]] = {}
-    for cc in before:
-        old.setdefault(cc.job_id, set()).add(cc)
-    for cc in after:
-        new.setdefault(cc.job_id, set()).add(cc)
     running = {pj.job.job_id for pj in jobs}
     deferred = set()
-    for job_id, had in old.items():
-        if job_id not in running or not had - new.get(job_id, set()):
+    for job_id in sorted({cc.job_id for cc in gone}):
+        if job_id not in running:
             continue
         cycle = state.cycles.get(job_id)
         if cycle is None or not cycle.confirmed_period or cycle.predictor.period is None:
@@ -702,8 +701,20 @@ def _observed(
     cycle = _score(cycle, plan_id, e.started_at_s)
     predictor, outcome = step_predictor(cycle.predictor, plan_id)
     arrivals = (cycle.arrivals + (e.started_at_s,))[-ARRIVALS_KEPT:]
+    gaps = cycle.gaps
+    if cycle.last_seen_s is not None:
+        # the compute gap before this phase: from when the previous one was seen
+        # (its end in the simulator, its report live) to this one's start
+        gaps = (gaps + (e.started_at_s - cycle.last_seen_s,))[-ARRIVALS_KEPT:]
     confirmed = cycle.confirmed_period or (outcome.hit and predictor.period is not None)
-    cycle = replace(cycle, predictor=predictor, arrivals=arrivals, confirmed_period=confirmed)
+    cycle = replace(
+        cycle,
+        predictor=predictor,
+        arrivals=arrivals,
+        gaps=gaps,
+        last_seen_s=e.at_s,
+        confirmed_period=confirmed,
+    )
     target, fits = _next_target(state, jf, cycle, e.at_s)
     if fits is not None:
         period = predictor.period or 1
@@ -778,6 +789,10 @@ def _next_target(
         wanted = cycle.target if nxt == EMPTY_PLAN_ID else HELD_PLAN
     if wanted is None:
         wanted = HELD_PLAN
+    if wanted != HELD_PLAN and not _every_gap_fits(state.config, cycle, predictor.period):
+        # per-phase circuits must also be undone (or changed) in the gaps after this
+        # phase: a one-way rewiring would leave the next phase on the wrong circuits
+        wanted = HELD_PLAN
     if wanted == cycle.target:
         return wanted, None
     gap = should_preinstall(
@@ -792,6 +807,14 @@ def _next_target(
     if not all(cycle.fits) and wanted != HELD_PLAN:
         return HELD_PLAN, True  # a rewiring missed its gap lately: hold until they fit again
     return wanted, True
+
+
+def _every_gap_fits(config: ControllerConfig, cycle: JobCycle, period: int) -> bool:
+    """Did every compute gap of the last predicted period leave room for a rewiring?"""
+    recent = cycle.gaps[-period:]
+    if len(recent) < period:
+        return False
+    return min(recent) * 1000.0 >= config.reconfig_ms + config.guard_ms
 
 
 def _rewire(

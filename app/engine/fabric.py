@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from operator import attrgetter
 
 from .allocation import (
     MODE_ISOLATED as ALLOC_ISOLATED,
@@ -444,9 +445,12 @@ def plan_fabric(
             continue
         real = realised_circuits(cluster, by_job.get(job_id, ()), job_id)
         out.append(_finish(cluster, d, real))
-    cross_connects = tuple(sorted(untouched + list(mapping.cross_connects), key=lambda c: c.key))
+    cross_connects = tuple(sorted(untouched + list(mapping.cross_connects), key=_physical_order))
     mlu = max((j.plan.mlu for j in out if j.slice.mode == MODE_ISOLATED), default=0.0)
     return FabricPlan(tuple(out), cross_connects, mlu, ledger, tuple(tdm), mapping.unmapped)
+
+
+_physical_order = attrgetter("oxc_id", "port_a", "port_b")  # as CrossConnect.key, in C
 
 
 def _allocated_slice(job_id: str, ja: JobAllocation | None, demand: DemandMatrix) -> JobSlice:

@@ -2,8 +2,8 @@
 
 The CLI parses arguments and calls these; they return a process exit code
 (0 fine, 2 bad input) and print their tables to stdout, progress and errors to
-stderr. The cluster is loaded with `app.wiring.load_cluster` (imported when
-called, so importing `app.sim` pulls in no web or database code).
+stderr. The cluster is loaded with `app.cluster_files.load_cluster` (imported when
+called; neither it nor `app.sim` pulls in web or database code).
 """
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ def run_simulate(
     except ValueError as exc:
         err.print(f"error: {exc}")
         return EXIT_BAD_INPUT
-    from app.wiring import ConfigError, load_cluster
+    from app.cluster_files import ConfigError, load_cluster
 
     try:
         cluster = load_cluster(cluster_name_or_file, reconfig_ms)
@@ -165,7 +165,7 @@ def run_generate(
 ) -> int:
     """Write a synthetic workload of one family (`families.generate`)."""
     err = Console(stderr=True)
-    from app.wiring import ConfigError, load_cluster
+    from app.cluster_files import ConfigError, load_cluster
 
     try:
         cluster = load_cluster(cluster_name_or_file)

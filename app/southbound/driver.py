@@ -148,11 +148,13 @@ class HttpDriver:
         *,
         timeout_s: float = 5.0,
         transport: httpx.BaseTransport | None = None,
+        token: str | None = None,
     ) -> None:
         # timeout_s must exceed the slowest bulk reconfiguration (Calient: up to
         # 500 ms), or every large change ends as SwitchTimeout and a retry.
+        headers = {"Authorization": f"Bearer {token}"} if token else None
         self._client = httpx.Client(
-            base_url=base_url.rstrip("/"), timeout=timeout_s, transport=transport
+            base_url=base_url.rstrip("/"), timeout=timeout_s, transport=transport, headers=headers
         )
 
     def __enter__(self) -> Self:

@@ -25,6 +25,7 @@ import SQLAlchemy or Redis.
 
 from __future__ import annotations
 
+import hmac
 from collections.abc import Iterator, Mapping
 from typing import Annotated, Any
 
@@ -162,8 +163,13 @@ def create_mock_oxc_app(
     reconfig_ms: float | None = None,
     fault_rate: float = 0.0,
     seed: int = 0,
+    token: str | None = None,
 ) -> FastAPI:
     """The mock OXC service for `cluster` (`reconfig_ms=None`: each OXC's own latency).
+
+    With `token`, every route but `/healthz` and `/metrics` needs
+    `Authorization: Bearer <token>` (401 otherwise): anyone who can reach the
+    control API could rewire the fabric.
 
     The switch models are on `app.state.switches` (a dict by OXC id) for tests.
     """
@@ -185,6 +191,20 @@ def create_mock_oxc_app(
     )
     app.state.switches = switches
     _install_problem_handlers(app)
+
+    if token:
+        expected = f"Bearer {token}".encode()
+
+        @app.middleware("http")
+        async def require_token(request: Request, call_next: Any) -> Any:
+            if request.url.path in ("/healthz", "/metrics"):
+                return await call_next(request)
+            presented = request.headers.get("authorization", "").encode()
+            if not hmac.compare_digest(presented, expected):
+                return _problem(
+                    401, "Unauthorized", "a valid bearer token is required", "unauthorized"
+                )
+            return await call_next(request)
 
     def switch_for(oxc_id: str) -> OpticalSwitch:
         try:

@@ -65,19 +65,23 @@ def replace_desired(
     given, nothing is read; else the table is read and compared. Returns the
     number of port rows written or deleted.
     """
-    wanted = _port_key_rows(cross_connects)
-    if previous is not None:
-        existing = {k: (r["peer"], r["job_id"]) for k, r in _port_key_rows(previous).items()}
+    if previous is not None:  # diff the cross-connects, then only their port rows
+        want, held = set(cross_connects), set(previous)
+        gone = [{"o": r["oxc_id"], "p": r["port"]} for r in _port_rows(held.difference(want))]
+        fresh = _port_rows(want.difference(held))
     else:
+        wanted = _port_key_rows(cross_connects)
         existing = {
             (r.oxc_id, r.port): (r.peer, r.job_id) for r in conn.execute(select(t.desired_ports))
         }
-    gone = [
-        {"o": oxc_id, "p": port}
-        for (oxc_id, port), held in existing.items()
-        if (oxc_id, port) not in wanted
-        or (wanted[(oxc_id, port)]["peer"], wanted[(oxc_id, port)]["job_id"]) != held
-    ]
+        gone = [
+            {"o": oxc_id, "p": port}
+            for (oxc_id, port), row in existing.items()
+            if (oxc_id, port) not in wanted
+            or (wanted[(oxc_id, port)]["peer"], wanted[(oxc_id, port)]["job_id"]) != row
+        ]
+        removed = {(g["o"], g["p"]) for g in gone}
+        fresh = [row for key, row in wanted.items() if key not in existing or key in removed]
     if gone:
         conn.execute(
             delete(t.desired_ports).where(
@@ -85,8 +89,6 @@ def replace_desired(
             ),
             gone,
         )
-    removed = {(g["o"], g["p"]) for g in gone}
-    fresh = [row for key, row in wanted.items() if key not in existing or key in removed]
     if fresh:
         conn.execute(insert(t.desired_ports), fresh)
     return len(gone) + len(fresh)
@@ -240,6 +242,19 @@ class FabricRepository:
                     conn.execute(insert(t.confirmed_ports), fresh)
                 written += len(fresh)
         return written
+
+    def save_reachability(self, unreachable: Iterable[str]) -> None:
+        """Which switches the last pass could not read, and since when (the `switches` fact)."""
+        now = utcnow()
+        with self.store.write_engine.begin() as conn:
+            before = (
+                conn.execute(
+                    select(t.fabric_state.c.value).where(t.fabric_state.c.name == "switches")
+                ).scalar()
+                or {}
+            ).get("unreachable", {})
+            since = {o: before.get(o, now.isoformat()) for o in sorted(unreachable)}
+            self._put_fact(conn, "switches", {"unreachable": since}, now)
 
     def load_confirmed(self) -> dict[str, ConfirmedOxc]:
         pairs: dict[str, set[tuple[int, int]]] = defaultdict(set)

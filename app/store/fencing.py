@@ -5,14 +5,17 @@ The worker's lease (Redis) hands out a fencing token that only grows. A
 the fence (the worker loop, the switch controller) first reads the `fencing`
 row of the lease FOR SHARE and compares it with the lease's current token:
 
-- no token (the lease lapsed by local time) or a smaller one than stored: the
-  transaction is refused with `Fenced` before it reads or writes anything;
-- a larger one (a new leader's first transaction): the row is raised to it.
+- no token (the lease lapsed by local time) or one the row does not hold: the
+  transaction is refused with `Fenced` before it reads or writes anything.
 
-The shared row lock is held until the transaction ends, so raising the row
-waits for any transaction of the old leader still open (Postgres ends a stalled
-one after `idle_in_transaction_session_timeout`), and once raised, every later
-transaction of the old leader is refused. Its pass fails, it forgets its memory
+A new leader first raises the row to its token, once, in a short transaction of
+its own (on Postgres; SQLite has one writer and raises in place). The shared
+row locks are held until each transaction ends, so the raise waits for any
+transaction of the old leader still open (Postgres ends a stalled one after
+`idle_in_transaction_session_timeout`) but never for the new leader's own
+threads, which hold no lock while they raise (an upgrade of their shared locks
+would deadlock). Once raised, every later transaction of the old leader is
+refused. Its pass fails, it forgets its memory
 and, its lease gone, stands by: a deposed leader stops within one pass.
 
 The token that opened the transaction is kept in `conn.info["fence_token"]` so
@@ -46,13 +49,22 @@ class Fence:
     """Checks the lease token at the start of every transaction of the bound threads."""
 
     def __init__(
-        self, engine: Engine, token: Callable[[], int | None], name: str = "worker"
+        self,
+        engine: Engine,
+        token: Callable[[], int | None],
+        name: str = "worker",
+        advance: Callable[[int], int | None] | None = None,
     ) -> None:
         self.engine = engine
         self.token = token
+        # called with the stored token when ours is below it: a lease that still holds
+        # (its token counter lost, e.g. Redis restarted empty) takes a larger one
+        self.advance = advance
         self.name = name
         self._threads: set[int] = set()
         self._lock = threading.Lock()
+        self._local = threading.local()
+        self._raised = 0  # the highest token this process raised the row to
         self.refused = 0
         event.listen(engine, "begin", self._on_begin)
 
@@ -69,27 +81,48 @@ class Fence:
         event.remove(self.engine, "begin", self._on_begin)
 
     def _on_begin(self, conn: Any) -> None:
-        if threading.get_ident() not in self._threads:
+        if threading.get_ident() not in self._threads or getattr(self._local, "raising", False):
             conn.info.pop(TOKEN_KEY, None)
             return
         mine = self.token()
         if mine is None:
             self.refused += 1
             raise Fenced("the worker lease is not held: refusing to write")
+        if mine > self._raised:
+            if conn.dialect.name == "sqlite":  # one writer at a time: raise in place
+                self._raise_in(conn, mine)
+            else:
+                self._raise(mine)
         f = t.fencing
         stored = conn.execute(
             select(f.c.token).where(f.c.name == self.name).with_for_update(read=True)
         ).scalar()
-        if stored is None:  # the migration seeds the row; a truncated table has none
-            dialect = pg_insert if conn.dialect.name == "postgresql" else sqlite_insert
-            conn.execute(dialect(f).values(name=self.name, token=0).on_conflict_do_nothing())
-            stored = conn.execute(
-                select(f.c.token).where(f.c.name == self.name).with_for_update(read=True)
-            ).scalar()
-        if stored is not None and int(stored) > mine:
+        if stored is None or int(stored) != mine:
             self.refused += 1
-            raise Fenced(f"a newer leader holds token {stored} (ours {mine}): refusing to write")
-        if stored is not None and int(stored) < mine:
-            conn.execute(update(f).where(f.c.name == self.name).values(token=mine))
-            log.info("fencing token raised", extra={"token": mine, "previous": int(stored)})
+            if stored is not None and int(stored) > mine and self.advance is not None:
+                self.advance(int(stored))  # no-op unless we still hold the lease
+            raise Fenced(f"the fencing row holds {stored} (ours {mine}): refusing to write")
         conn.info[TOKEN_KEY] = mine
+
+    def _raise(self, mine: int) -> None:
+        """A new leader's first transaction: raise the row to our token, in a transaction of
+        its own (it waits for the old leader's open transactions, never for our own threads,
+        which hold no lock on the row while they raise)."""
+        self._local.raising = True
+        try:
+            with self.engine.begin() as conn:
+                self._raise_in(conn, mine)
+        finally:
+            self._local.raising = False
+
+    def _raise_in(self, conn: Any, mine: int) -> None:
+        f = t.fencing
+        dialect = pg_insert if conn.dialect.name == "postgresql" else sqlite_insert
+        conn.execute(dialect(f).values(name=self.name, token=0).on_conflict_do_nothing())
+        moved = conn.execute(
+            update(f).where(f.c.name == self.name, f.c.token < mine).values(token=mine)
+        ).rowcount
+        with self._lock:
+            self._raised = max(self._raised, mine)
+        if moved:
+            log.info("fencing token raised", extra={"token": mine})

@@ -12,7 +12,19 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Connection, Engine, bindparam, delete, func, insert, select, text, update
+from sqlalchemy import (
+    Connection,
+    Engine,
+    bindparam,
+    delete,
+    func,
+    insert,
+    literal,
+    null,
+    select,
+    text,
+    update,
+)
 from sqlalchemy.exc import IntegrityError
 
 from app.engine.job import JobState, Placement
@@ -85,6 +97,7 @@ class Snapshot:
     aggregator_used_gbps: dict[str, float] = field(default_factory=dict)  # ToR -> INC Gb/s held
     # server -> epoch seconds its placed job is expected to end (jobs with walltime_s only)
     busy_until: dict[str, float] = field(default_factory=dict)
+    leased: frozenset[str] = frozenset()  # queued jobs that hold a heartbeat lease
 
 
 @dataclass(slots=True)
@@ -95,6 +108,7 @@ class PlacedFacts:
     servers: tuple[str, ...]
     ends: float | None  # epoch seconds its walltime runs out (None: no walltime)
     grants: dict[str, float]  # ToR -> INC Gb/s held, from its stored collective
+    leased: bool = False  # the job holds a heartbeat lease
 
 
 def grants_of(collective: dict[str, Any] | None) -> dict[str, float]:
@@ -119,34 +133,75 @@ class PlacedCache:
         self.facts: dict[str, PlacedFacts] = {}
         self.used: dict[str, str] = {}  # server -> job
         self.busy_until: dict[str, float] = {}  # server -> expected end
+        self.warm = False  # loaded from the database at least once
+        self._leased = 0  # placed jobs holding a heartbeat lease
         self._lock = threading.Lock()
 
     def update(self, placed_ids: set[str], rows: Iterable[Any]) -> None:
         with self._lock:
             for gone in [j for j in self.facts if j not in placed_ids]:
                 facts = self.facts.pop(gone)
+                self._leased -= facts.leased
                 for server in facts.servers:
                     if self.used.get(server) == gone:
                         del self.used[server]
                         self.busy_until.pop(server, None)
             for r in rows:
-                placement = r.placement or {"units": []}
-                servers = tuple(u["server"] for u in placement["units"])
                 walltime = (r.body or {}).get("walltime_s")
-                ends = None
-                if walltime is not None and r.placed_at is not None:
-                    ends = _aware(r.placed_at).timestamp() + float(walltime)  # type: ignore[union-attr]
-                grants = grants_of(r.collective)
-                self.facts[r.job_id] = PlacedFacts(placement, servers, ends, grants)
-                self.used.update(dict.fromkeys(servers, r.job_id))
-                if ends is not None:
-                    self.busy_until.update(dict.fromkeys(servers, ends))
+                self._add(
+                    r.job_id,
+                    r.placement,
+                    r.placed_at,
+                    walltime,
+                    r.collective,
+                    r.lease_s is not None,
+                )
+            self.warm = True
+
+    def add(
+        self,
+        job_id: str,
+        placement: dict[str, Any],
+        placed_at: dt.datetime,
+        walltime_s: float | None,
+        leased: bool,
+    ) -> None:
+        """A job this process just placed (committed): no need to read it back."""
+        with self._lock:
+            self._add(job_id, placement, placed_at, walltime_s, None, leased)
+
+    def _add(
+        self,
+        job_id: str,
+        placement: dict[str, Any] | None,
+        placed_at: dt.datetime | None,
+        walltime_s: float | None,
+        collective: dict[str, Any] | None,
+        leased: bool,
+    ) -> None:
+        placement = placement or {"units": []}
+        servers = tuple(u["server"] for u in placement["units"])
+        ends = None
+        if walltime_s is not None and placed_at is not None:
+            ends = _aware(placed_at).timestamp() + float(walltime_s)  # type: ignore[union-attr]
+        grants = grants_of(collective)
+        previous = self.facts.get(job_id)
+        self._leased += leased - (previous.leased if previous is not None else False)
+        self.facts[job_id] = PlacedFacts(placement, servers, ends, grants, leased)
+        self.used.update(dict.fromkeys(servers, job_id))
+        if ends is not None:
+            self.busy_until.update(dict.fromkeys(servers, ends))
+
+    def any_leased(self) -> bool:
+        return self._leased > 0
 
     def clear(self) -> None:
         with self._lock:
             self.facts.clear()
             self.used.clear()
             self.busy_until.clear()
+            self._leased = 0
+            self.warm = False
 
     def set_collective(self, job_id: str, collective: dict[str, Any] | None) -> None:
         with self._lock:
@@ -157,14 +212,18 @@ class PlacedCache:
     def view(
         self,
     ) -> tuple[dict[str, str], dict[str, dict[str, Any]], dict[str, float], dict[str, float]]:
-        """(server holders, placements, aggregator Gb/s per ToR, expected ends): copies."""
+        """(server holders, placements, aggregator Gb/s per ToR, expected ends).
+
+        Holders and ends are the cache's own dicts, not copies: read-only, and
+        valid until the next `update`/`add` (both made by the scheduling thread).
+        """
         with self._lock:
             aggregators: dict[str, float] = {}
             for facts in self.facts.values():
                 for tor, gbps in facts.grants.items():
                     aggregators[tor] = aggregators.get(tor, 0.0) + gbps
             placed = {j: f.placement for j, f in self.facts.items()}
-            return dict(self.used), placed, aggregators, dict(self.busy_until)
+            return self.used, placed, aggregators, self.busy_until
 
 
 @dataclass(frozen=True, slots=True)
@@ -464,17 +523,39 @@ class Store:
         one every placed row is read and decoded.
         """
         cache = cache if cache is not None else PlacedCache()
-        with self.read_engine.connect() as conn, conn.begin():
-            queued_rows = conn.execute(
-                select(t.jobs.c.job_id, t.jobs.c.body, t.jobs.c.submitted_order, t.jobs.c.examined)
+        placed_count = (
+            select(func.count())
+            .select_from(t.jobs)
+            .where(t.jobs.c.state == JobState.PLACED.value)
+            .scalar_subquery()
+        )
+        with self.read_engine.connect() as conn:
+            # the queue, and how many jobs are placed (one statement: a union keeps
+            # the count when the queue is empty)
+            current = conn.execute(
+                select(
+                    t.jobs.c.job_id,
+                    t.jobs.c.body,
+                    t.jobs.c.submitted_order,
+                    t.jobs.c.examined,
+                    t.jobs.c.lease_s,
+                )
                 .where(t.jobs.c.state == JobState.QUEUED.value)
-                .order_by(t.jobs.c.submitted_order)
+                .union_all(select(null(), null(), placed_count, literal(False), null()))
+                .order_by("submitted_order")
             ).all()
-            placed_ids = set(
-                conn.execute(
-                    select(t.jobs.c.job_id).where(t.jobs.c.state == JobState.PLACED.value)
-                ).scalars()
-            )
+            count_row = next(r for r in current if r.job_id is None)
+            queued_rows = [r for r in current if r.job_id is not None]
+            # every placement is the leader's own and enters the cache when made, so
+            # an equal count means nothing ended: the ids are read only when it differs
+            if cache.warm and count_row.submitted_order == len(cache.facts):
+                placed_ids = set(cache.facts)
+            else:
+                placed_ids = set(
+                    conn.execute(
+                        select(t.jobs.c.job_id).where(t.jobs.c.state == JobState.PLACED.value)
+                    ).scalars()
+                )
             fresh = placed_ids.difference(cache.facts)
             rows: Sequence[Any] = []
             if fresh:
@@ -485,6 +566,7 @@ class Store:
                         t.jobs.c.collective,
                         t.jobs.c.placed_at,
                         t.jobs.c.body,
+                        t.jobs.c.lease_s,
                     ).where(
                         t.jobs.c.state == JobState.PLACED.value, t.jobs.c.job_id.in_(sorted(fresh))
                     )
@@ -493,7 +575,8 @@ class Store:
         used, placed, aggregators, busy_until = cache.view()
         queued = tuple(job_from_body(r.job_id, r.body, r.submitted_order) for r in queued_rows)
         unexamined = frozenset(r.job_id for r in queued_rows if not r.examined)
-        return Snapshot(queued, used, placed, unexamined, aggregators, busy_until)
+        leased = frozenset(r.job_id for r in queued_rows if r.lease_s is not None)
+        return Snapshot(queued, used, placed, unexamined, aggregators, busy_until, leased)
 
     def record_admission(
         self,
@@ -503,6 +586,7 @@ class Store:
         queue_reasons: dict[str, str],
         reason: str,
         collectives: dict[str, dict[str, Any]] | None = None,
+        now: dt.datetime | None = None,
     ) -> Admitted:
         """Place jobs, hold their servers and log the decisions in one short transaction.
 
@@ -511,9 +595,10 @@ class Store:
         queue. A job that left the queue meanwhile (completed, cancelled) is
         not placed and is named in `Admitted.left`; the other placements stand
         (they never shared servers with it). Raises ConcurrentChange only when
-        a server was taken by another writer.
+        a server was taken by another writer. `now` is the placement time
+        stored (default: the clock).
         """
-        now = utcnow()
+        now = now or utcnow()
         collectives = collectives or {}
         wanted = list(placements)
         j = t.jobs
@@ -556,7 +641,8 @@ class Store:
                         insert(t.server_assignments),
                         [{"server_id": s, "job_id": p.job_id} for p in kept for s in p.servers],
                     )
-                for chunk in _chunks(list(examined)):
+                # jobs placed here are marked examined by their own update
+                for chunk in _chunks([e for e in examined if e not in payloads]):
                     conn.execute(
                         update(j)
                         .where(j.c.job_id.in_(chunk))

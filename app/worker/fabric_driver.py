@@ -63,8 +63,9 @@ from .metrics import WorkerMetrics
 
 log = logging.getLogger("lightpath.worker")
 
-BATCH = 2000
+BATCH = 500
 MAX_BATCHES_PER_PASS = 25
+PASS_BUDGET_S = 0.25  # traffic consumed per pass before admission gets its turn
 
 
 def collective_json(choice: CollectiveChoice, network: dict[str, Any] | None) -> dict[str, Any]:
@@ -131,6 +132,7 @@ class FabricDriver:
         self.clock = clock
         self.confirmations: queue.SimpleQueue[SwitchConfirmed] = queue.SimpleQueue()
         self.memory: WorkerMemory | None = None
+        self.backlog = False  # the last pass left reports after the cursor
         # the desired cross-connects last committed, for the switch controller (None: unknown)
         self.committed: tuple[CrossConnect, ...] | None = None
         # told the collectives written by a pass (the scheduler's aggregator totals follow them)
@@ -248,17 +250,30 @@ class FabricDriver:
                 return out
 
     def _apply(self, events: Iterable[Event]) -> list[Decision]:
+        before = self._accounts()
+        decisions = self._step(events)
+        self._count_since(before)
+        return decisions
+
+    def _step(self, events: Iterable[Event]) -> list[Decision]:
+        """Step the controller through `events`; the memory changes only if all succeed."""
         assert self.memory is not None
         state = self.memory.state
-        before = {j: c.accounting for j, c in state.cycles.items()}
         decisions: list[Decision] = []
         for event in events:
             state, made = step(state, event)
             decisions.extend(made)
         self.memory.state = state
-        for job_id, cycle in state.cycles.items():  # what the events scored, per job
-            self._count(before.get(job_id, Accounting()), cycle.accounting)
         return decisions
+
+    def _accounts(self) -> dict[str, Accounting]:
+        assert self.memory is not None
+        return {j: c.accounting for j, c in self.memory.state.cycles.items()}
+
+    def _count_since(self, before: dict[str, Accounting]) -> None:
+        assert self.memory is not None
+        for job_id, cycle in self.memory.state.cycles.items():  # what the events scored
+            self._count(before.get(job_id, Accounting()), cycle.accounting)
 
     def _count(self, before: Accounting, after: Accounting) -> None:
         if after == before:
@@ -319,10 +334,17 @@ class FabricDriver:
             self.sync("reconcile")
         assert self.memory is not None
         did = False
+        self.backlog = False
+        started = time.monotonic()
         for _ in range(MAX_BATCHES_PER_PASS):
             if not self._consume_batch():
                 break
             did = True
+            if time.monotonic() - started > PASS_BUDGET_S:
+                # arrivals and completions wait for this pass: leave the rest of the
+                # backlog to the next one, which the loop starts without waiting
+                self.backlog = True
+                break
         self.retain()
         return did
 
@@ -345,7 +367,8 @@ class FabricDriver:
         touched: set[str] = set()
         dead: list[DeadLetter] = []
         now = self.clock()
-        decisions = self._apply(self._drain())
+        before = self._accounts()
+        decisions = self._step(self._drain())
         for report in reports:
             # one report at a time: a report the engine cannot use is set aside with
             # its reason and the cursor moves past it, instead of failing every pass
@@ -360,7 +383,7 @@ class FabricDriver:
                     )
                     for job_id, demands in groups.items()
                 ]
-                decisions += self._apply(events)
+                decisions += self._step(events)
             except Exception as exc:
                 log.warning(
                     "traffic report set aside",
@@ -371,6 +394,7 @@ class FabricDriver:
                 continue
             attributed[report.seq] = tuple(sorted(groups))
             touched.update(groups)
+        self._count_since(before)
         cursor = reports[-1].seq
         state = memory.state
         touched |= {d.job_id for d in decisions if d.job_id}

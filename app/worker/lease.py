@@ -62,6 +62,22 @@ end
 return 0
 """
 
+# KEYS[1] lease key, KEYS[2] token counter; ARGV[1] the value we set, ARGV[2] holder,
+# ARGV[3] ttl in ms, ARGV[4] a token the counter must pass. The new token, or nil when
+# the lease is not ours.
+_ADVANCE = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+  return nil
+end
+local floor = tonumber(ARGV[4])
+if tonumber(redis.call('GET', KEYS[2]) or '0') < floor then
+  redis.call('SET', KEYS[2], floor)
+end
+local token = redis.call('INCR', KEYS[2])
+redis.call('SET', KEYS[1], token .. ':' .. ARGV[2], 'PX', ARGV[3])
+return token
+"""
+
 # KEYS[1] lease key; ARGV[1] the value we set. 1 if deleted.
 _RELEASE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then
@@ -149,6 +165,7 @@ class RedisLease:
         self._acquire = self._redis.register_script(_ACQUIRE)
         self._renew = self._redis.register_script(_RENEW)
         self._release = self._redis.register_script(_RELEASE)
+        self._advance = self._redis.register_script(_ADVANCE)
         self._lock = threading.Lock()
         self._value: str | None = None  # what we wrote into the key, while it may be ours
         self._token: int | None = None
@@ -200,6 +217,37 @@ class RedisLease:
             if self._value is None:
                 return False
             return self._extend_locked()
+
+    def advance_past(self, floor: int) -> int | None:
+        """While we hold the lease, take a token above `floor` (a token the database saw).
+
+        The counter can fall behind the tokens already used when Redis lost its
+        data (a restart without persistence, a flush): a leader elected then
+        would be refused by the fencing row forever. Holding the lease, we may
+        move past any earlier holder. Returns the new token, None when not held.
+        """
+        with self._lock:
+            if self._value is None or time.monotonic() >= self._valid_until:
+                return None
+            sent_at = time.monotonic()
+            try:
+                token = self._advance(
+                    keys=[self.name, self.token_key],
+                    args=[self._value, self.holder, self.ttl_ms, floor],
+                )
+            except redis.RedisError as exc:
+                log.warning("lease advance failed", extra={"lease": self.name, "error": str(exc)})
+                return None
+            if token is None:
+                return None
+            self._token = int(token)
+            self._value = f"{self._token}:{self.holder}"
+            self._valid_until = sent_at + self._safe_ttl_s()
+        log.warning(
+            "lease token was behind the database; advanced",
+            extra={"lease": self.name, "token": token, "floor": floor},
+        )
+        return int(token)
 
     def release(self) -> None:
         """Give the lease up now, if it is still ours; a no-op otherwise."""

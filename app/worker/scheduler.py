@@ -17,6 +17,8 @@ from app.engine.job import Job
 from app.engine.placement import place_job
 from app.engine.queue import Admission, QueuePolicy, admit_queued
 from app.store import ConcurrentChange, PlacedCache, Snapshot, Store
+from app.store.mapping import placement_to_json
+from app.store.repository import utcnow
 
 log = logging.getLogger("lightpath.worker")
 
@@ -89,12 +91,14 @@ def schedule(
             now=time.time(),
             busy_until=snapshot.busy_until,
         )
+        now = utcnow()
         try:
             written = store.record_admission(
                 admission.placements,
                 examined=snapshot.unexamined,
                 queue_reasons=queue_reasons(cluster, snapshot, admission),
                 reason=reason,
+                now=now,
             )
         except ConcurrentChange as exc:
             log.info(
@@ -105,6 +109,18 @@ def schedule(
             # a completion or cancel during the pass: those jobs are gone, the other
             # placements stand; the freed servers are used by the next pass
             log.info("jobs left the queue during admission", extra={"jobs": list(written.left)})
+        if cache is not None:  # committed: the next pass need not read these rows back
+            jobs = {j.job_id: j for j in snapshot.queued}
+            stored = set(written.placed)
+            for p in admission.placements:
+                if p.job_id in stored:
+                    cache.add(
+                        p.job_id,
+                        placement_to_json(p),
+                        now,
+                        jobs[p.job_id].walltime_s,
+                        p.job_id in snapshot.leased,
+                    )
         servers = {p.job_id: len(p.units) for p in admission.placements}
         for job_id, seq in zip(written.placed, written.seqs, strict=True):
             log.info(

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Iterable, Sequence
 
 from app.engine.cluster import Cluster
 from app.engine.cross_connects import CrossConnect
@@ -51,23 +52,46 @@ class SwitchController:
         self.desired_source = desired_source
         # what the confirmed-ports table holds (None: unknown, loaded on the next pass)
         self._saved: dict[str, ConfirmedOxc] | None = None
+        # per OXC, the desired cross-connects it was last read holding exactly; a kicked
+        # pass reads and converges only the OXCs whose desired state differs from this
+        self._settled: dict[str, frozenset[tuple[int, int, str]]] = {}
         self._held: dict[str, frozenset[tuple[str, int, int]]] = {}
         self.policy = RetryPolicy()
         self._kick = threading.Event()
         self._lock = threading.Lock()
         self.passes = 0
+        self._unreachable: frozenset[str] | None = None  # as last written (None: unknown)
         self.last: ReconcileResult | None = None
 
     def kick(self) -> None:
         self._kick.set()
 
-    def run_once(self) -> ReconcileResult:
-        """One pass; serialised so two callers never reconcile at once."""
+    def run_once(self, *, full: bool = True) -> ReconcileResult:
+        """One pass; serialised so two callers never reconcile at once.
+
+        `full=False` (a pass kicked by a new desired state) reads and converges
+        only the OXCs whose desired cross-connects changed since they were last
+        seen converged; the periodic resync (`full`) reads every OXC, so drift
+        such as a failed port is still noticed within `resync_s`.
+        """
         with self._lock:
             try:
                 saved = self._saved if self._saved is not None else self.repo.load_confirmed()
                 before = _failed(saved)
-                result = reconcile(self.driver, self._desired(), policy=self.policy)
+                desired = self._desired()
+                if not full:
+                    desired = {
+                        o: d for o, d in desired.items() if self._settled.get(o) != frozenset(d)
+                    }
+                result = reconcile(self.driver, desired, policy=self.policy)
+                for o, d in desired.items():
+                    c = result.confirmed.get(o)
+                    if c is not None and _pairs(c.cross_connects) == _pairs(
+                        (a, b) for a, b, _ in d
+                    ):
+                        self._settled[o] = frozenset(d)
+                    else:
+                        self._settled.pop(o, None)
                 changed = [
                     ConfirmedOxc(o, c.cross_connects, c.failed_ports)
                     for o, c in result.confirmed.items()
@@ -77,8 +101,19 @@ class SwitchController:
                 if changed:  # only the switches whose read-back changed, only their ports
                     self.repo.save_confirmed(changed, previous=saved)
                 self._saved = {**saved, **{c.oxc_id: c for c in changed}}
+                # switches this pass could not read: their rows are a last read, shown stale
+                # (a kicked pass tries only some: the others keep what was known of them)
+                tried = {o.id for o in self.cluster.oxcs} if full else set(desired)
+                unreachable = frozenset(
+                    {o for o in self._unreachable or () if o not in tried}
+                    | {o for o in tried if o not in result.confirmed}
+                )
+                if unreachable != self._unreachable:  # written only when it changes
+                    self.repo.save_reachability(unreachable)
+                    self._unreachable = unreachable
             except Exception:
                 self._saved = None  # unknown after a failed write: read the table next time
+                self._settled.clear()
                 raise
             after = _failed(self._saved)
             self.passes += 1
@@ -101,6 +136,8 @@ class SwitchController:
         """Forget what the confirmed table holds (a new leader reads it once)."""
         with self._lock:
             self._saved = None
+            self._unreachable = None
+            self._settled.clear()
 
     def _desired(self) -> dict[str, set[tuple[int, int, str]]]:
         """Every OXC's desired cross-connects: the worker's last commit, else the table."""
@@ -114,8 +151,9 @@ class SwitchController:
 
     def run(self, stop: threading.Event, is_leader: Callable[[], bool] = lambda: True) -> None:
         wait_s = 0.0
+        last_full = 0.0
         while not stop.is_set():
-            self._kick.wait(wait_s)
+            kicked = self._kick.wait(wait_s)
             self._kick.clear()
             if stop.is_set():
                 break
@@ -123,11 +161,19 @@ class SwitchController:
                 wait_s = self.resync_s
                 continue
             try:
-                result = self.run_once()
+                # a kick after a new desired state touches the changed OXCs only
+                full = not kicked or time.monotonic() - last_full >= self.resync_s
+                result = self.run_once(full=full)
+                if full:
+                    last_full = time.monotonic()
                 wait_s = result.requeue_after_s if result.requeue_after_s else self.resync_s
             except Exception:
                 log.exception("reconciliation pass failed; retrying")
                 wait_s = min(self.resync_s, 1.0)
+
+
+def _pairs(pairs: Iterable[tuple[int, int]]) -> set[tuple[int, int]]:
+    return {(min(a, b), max(a, b)) for a, b in pairs}
 
 
 def _failed(confirmed: dict[str, ConfirmedOxc]) -> dict[str, frozenset[int]]:

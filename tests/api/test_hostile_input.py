@@ -106,3 +106,52 @@ def test_change_notices_are_namespaced_by_redis_database(redis_url: str) -> None
     assert a.changes_channel != b.changes_channel
     a.close()
     b.close()
+
+
+def test_topology_marks_switches_the_last_pass_did_not_reach(server: LiveServer) -> None:
+    assert server.runtime is not None and server.runtime.controller is not None
+    server.runtime.controller.run_once()
+    with server.client() as c:
+        body = c.get("/v1/topology").json()
+        assert body["stale"] is False
+        assert all(o["stale"] is False and o["unreachable_since"] is None for o in body["oxcs"])
+        gone = body["oxcs"][0]["id"]
+        repo = server.runtime.services.fabric
+        repo.save_reachability([gone])  # what a pass that cannot read it writes
+        body = c.get("/v1/topology").json()
+        assert body["stale"] is True
+        view = {o["id"]: o for o in body["oxcs"]}
+        assert view[gone]["stale"] is True and view[gone]["unreachable_since"]
+        assert not any(o["stale"] for k, o in view.items() if k != gone)
+        since = view[gone]["unreachable_since"]
+        repo.save_reachability([gone])  # still unreachable: the same since
+        assert c.get("/v1/topology").json()["oxcs"][0]["unreachable_since"] == since
+        repo.save_reachability([])
+        assert c.get("/v1/topology").json()["stale"] is False
+
+
+def test_a_switch_controller_pass_records_an_unreachable_switch(server: LiveServer) -> None:
+    assert server.runtime is not None and server.runtime.controller is not None
+    controller = server.runtime.controller
+    driver = controller.driver
+    first = controller.cluster.oxcs[0].id
+    real = driver.read
+
+    def read(oxc_id: str) -> Any:
+        if oxc_id == first:
+            from app.southbound.errors import SwitchUnreachable
+
+            raise SwitchUnreachable(f"{oxc_id} does not answer", oxc_id=oxc_id)
+        return real(oxc_id)
+
+    driver.read = read  # type: ignore[method-assign]
+    try:
+        controller.run_once()
+        with server.client() as c:
+            view = {o["id"]: o for o in c.get("/v1/topology").json()["oxcs"]}
+        assert view[first]["stale"] is True
+    finally:
+        driver.read = real  # type: ignore[method-assign]
+    controller.run_once()
+    with server.client() as c:
+        assert c.get("/v1/topology").json()["stale"] is False

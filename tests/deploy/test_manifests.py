@@ -64,7 +64,8 @@ def _interpolate(value: str, env: dict[str, str]) -> str:
 def _compose_env(service: str, env: dict[str, str] | None = None) -> dict[str, str]:
     raw = _services()[service].get("environment") or {}
     assert isinstance(raw, dict), f"{service}: use the mapping form of environment"
-    return {k: _interpolate(v, env or {}) for k, v in raw.items()}
+    given = {"LIGHTPATH_SOUTHBOUND_TOKEN": "test-southbound-token", **(env or {})}
+    return {k: _interpolate(v, given) for k, v in raw.items()}
 
 
 def _settings_from(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Settings:
@@ -409,9 +410,8 @@ def test_k8s_config_in_a_configmap_and_tokens_in_a_secret() -> None:
         for c in _pod_spec(workload)["containers"]:
             refs = c.get("envFrom", [])
             assert {"configMapRef": {"name": "lightpath-config"}} in refs, name
-            needs_secret = name != "mock-oxc"  # the switches need no database or token
-            has_secret = {"secretRef": {"name": "lightpath-secrets"}} in refs
-            assert has_secret == needs_secret, name
+            # every process needs a secret: the database, API tokens or the switches' token
+            assert {"secretRef": {"name": "lightpath-secrets"}} in refs, name
             assert not c.get("env"), f"{name}: configure through the ConfigMap and Secret"
 
 
@@ -420,6 +420,7 @@ def test_k8s_environment_is_accepted_by_settings(monkeypatch: pytest.MonkeyPatch
     secret = dict(_k8s("Secret")["lightpath-secrets"]["stringData"])
     assert all(isinstance(v, str) for v in config.values()), "ConfigMap values are strings"
     secret["LIGHTPATH_API_TOKENS"] = TEST_TOKENS
+    secret["LIGHTPATH_SOUTHBOUND_TOKEN"] = "test-southbound-token"
     settings = _settings_from({**config, **secret}, monkeypatch)
     assert settings.database_url.startswith("postgresql+psycopg://")
     assert settings.redis_url and settings.southbound_url

@@ -1,11 +1,12 @@
 """The full stack as separate processes on PostgreSQL and Redis, killed mid-stream.
 
 api, worker and mock-oxc run as real subprocesses (`python -m app.cli ...`) on
-a database of their own and Redis database 13. While a telemetry thread streams
-traffic reports (labelled with a job id and unlabelled) and the launcher side
-streams job arrivals and completions, the worker and then the API are SIGKILLed
-with requests in flight and restarted; the mock switches fail 10% of commands,
-and one OXC port carrying a cross-connect loses light. A request counts as
+a database of their own and the Redis database of LIGHTPATH_TEST_REDIS_URL.
+While a telemetry thread streams traffic reports (labelled with a job id and
+unlabelled) and the launcher side streams job arrivals and completions, the
+worker and then the API are SIGKILLed with requests in flight and restarted;
+the mock switches fail 10% of commands, and one OXC port carrying a
+cross-connect loses light. A request counts as
 acknowledged only on a 2xx; clients retry through crashes (traffic with an
 Idempotency-Key, jobs and completions are idempotent by id).
 
@@ -33,12 +34,14 @@ import psycopg
 import pytest
 import redis
 
-from tests.conftest import ADMIN_URL
+from tests.conftest import ADMIN_URL, REDIS_URL
 from tests.support import free_port
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis, pytest.mark.timeout(150)]
 
-REDIS_DB = 13  # the stream and lease keys are fixed names: a database of its own
+# the stream and lease keys are fixed names: a database of its own, the one the test
+# run was given (LIGHTPATH_TEST_REDIS_URL), so two runs on one Redis never flush each other
+REDIS_DB = int(REDIS_URL.rsplit("/", 1)[1] or 0)
 CROSS_POD = {"dp": 6, "pp": 2}  # 12 servers: more than a pod of `small`, needs circuits
 SMALL = {"dp": 2, "pp": 1}
 

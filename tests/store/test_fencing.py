@@ -123,3 +123,48 @@ def test_the_new_leader_waits_for_a_transaction_the_old_one_left_open(postgres_u
     assert _tokens(new_store) == [(1, "new", 2)]
     old_store.dispose()
     new_store.dispose()
+
+
+def test_a_new_leaders_threads_raise_the_row_together_without_deadlock(
+    stores: tuple[Store, Store],
+) -> None:
+    old_store, new_store = stores
+    _write(old_store, Fence(old_store.write_engine, lambda: 4), "old")
+    new = Fence(new_store.write_engine, lambda: 5)
+    start = threading.Barrier(4)
+    errors: list[BaseException] = []
+
+    def first_transaction(k: int) -> None:
+        new.bind_current_thread()
+        start.wait()
+        try:
+            with new_store.write_engine.begin() as conn:
+                append_decisions(conn, [NewDecision("fabric", None, f"t{k}", {})], utcnow())
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=first_transaction, args=(k,)) for k in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(30)
+    assert not errors, errors
+    assert sorted(tok for _, _, tok in _tokens(new_store)) == [4, 5, 5, 5, 5]
+
+
+def test_a_leader_whose_token_fell_behind_advances_and_writes_on_its_next_pass(
+    stores: tuple[Store, Store],
+) -> None:
+    old_store, new_store = stores
+    _write(old_store, Fence(old_store.write_engine, lambda: 7), "before the reset")
+    token = {"value": 1}  # Redis came back empty: the new holder got token 1
+
+    def advance(floor: int) -> int:
+        token["value"] = floor + 1
+        return token["value"]
+
+    fence = Fence(new_store.write_engine, lambda: token["value"], advance=advance)
+    with pytest.raises(Fenced):
+        _write(new_store, fence, "refused")
+    assert _write(new_store, fence, "after") == [2]
+    assert _tokens(new_store) == [(1, "before the reset", 7), (2, "after", 8)]

@@ -221,3 +221,18 @@ def test_standby_takes_over_within_the_ttl_of_a_sigkilled_leader(
             child.wait(timeout=5)
         if standby is not None:
             standby.stop()
+
+
+def test_a_holder_advances_its_token_past_one_the_database_saw(
+    make_lease: Callable[..., RedisLease],
+) -> None:
+    """Redis lost the counter (restart, flush): the holder jumps past the fencing row."""
+    a, b = make_lease("a"), make_lease("b")
+    assert a.try_acquire()
+    token = a.token
+    assert token is not None
+    assert b.advance_past(100) is None  # not the holder: nothing moves
+    assert a.advance_past(100) == 101
+    assert a.token == 101 and a.is_held
+    assert a.renew()  # the lease key names the new token
+    assert a.advance_past(50) == 102  # the counter only grows

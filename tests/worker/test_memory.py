@@ -51,10 +51,18 @@ def store(tmp_path: Path) -> Iterator[Store]:
     store.dispose()
 
 
-def _submit(store: Store, job_id: str, servers: int, walltime_s: float | None = None) -> None:
+def _submit(
+    store: Store,
+    job_id: str,
+    servers: int,
+    walltime_s: float | None = None,
+    lease_s: float | None = None,
+) -> None:
     body: dict[str, Any] = {"job_id": job_id, "parallelism": {"dp": servers, "pp": 1, "ep": 1}}
     if walltime_s is not None:
         body["walltime_s"] = walltime_s
+    if lease_s is not None:
+        body["lease_s"] = lease_s
     store.submit_job(job_id, body, job_id, servers_needed=servers, priority=0, deadline=None)
 
 
@@ -92,7 +100,8 @@ def test_scheduling_from_the_cache_sees_what_a_full_read_sees(store: Store, ops:
     prefix = f"j{time.monotonic_ns()}"
     for n, (op, size, flag) in enumerate(ops):
         if op == "submit":
-            _submit(store, f"{prefix}-{n}", size, 3600.0 if flag else None)
+            lease = 600.0 if size % 2 else None
+            _submit(store, f"{prefix}-{n}", size, 3600.0 if flag else None, lease)
         elif op == "schedule":
             schedule(store, SMALL, QueuePolicy.FIFO, backfill=True, reason="arrival", cache=cache)
         elif op == "complete":
@@ -112,6 +121,9 @@ def test_scheduling_from_the_cache_sees_what_a_full_read_sees(store: Store, ops:
         assert cached.busy_until == full.busy_until
         assert cached.aggregator_used_gbps == pytest.approx(full.aggregator_used_gbps)
         assert [j.job_id for j in cached.queued] == [j.job_id for j in full.queued]
+        fresh = PlacedCache()
+        store.load_snapshot(fresh)
+        assert cache.any_leased() == fresh.any_leased()
     for job_id in sorted(store.load_snapshot().placed):  # the next example starts empty
         store.complete_job(job_id)
 
@@ -231,3 +243,32 @@ def test_admission_does_not_wait_for_a_fabric_pass_under_way(store: Store) -> No
         fabric.release.set()
         stop.set()
         thread.join(10)
+
+
+def test_a_kicked_switch_pass_reads_only_the_switches_whose_desired_state_changed(
+    store: Store,
+) -> None:
+    repo = FabricRepository(store)
+    metrics = WorkerMetrics()
+    fabric = FabricDriver(
+        repo, TrafficRepository(store), SMALL, ControllerConfig(reconfig_ms=0.0), metrics
+    )
+    controller = SwitchController(
+        repo,
+        InProcessDriver.for_cluster(SMALL, reconfig_ms=0.0),
+        SMALL,
+        metrics,
+        on_confirmed=fabric.confirmed,
+        desired_source=lambda: fabric.committed,
+    )
+    assert set(controller.run_once(full=False).confirmed) == {o.id for o in SMALL.oxcs}
+    assert controller.run_once(full=False).confirmed == {}  # nothing changed: nothing read
+    _submit(store, "wide", 12)
+    schedule(store, SMALL, QueuePolicy.FIFO, backfill=True, reason="arrival")
+    fabric.sync("arrival")
+    assert fabric.committed
+    changed = {cc.oxc_id for cc in fabric.committed}
+    result = controller.run_once(full=False)
+    assert set(result.confirmed) == changed and result.converged
+    assert controller.run_once(full=False).confirmed == {}
+    assert set(controller.run_once().confirmed) == {o.id for o in SMALL.oxcs}  # the resync

@@ -93,14 +93,24 @@ async def list_decisions(
     return JSONResponse({"decisions": [render_decision(d) for d in records], "next": next_after})
 
 
-def _oxc_view(pairs: dict[str, list[tuple[int, int, str | None]]]) -> list[dict[str, Any]]:
-    return [
-        {
+def _oxc_view(
+    pairs: dict[str, list[tuple[int, int, str | None]]],
+    health: dict[str, dict[str, Any]] | None = None,
+) -> list[dict[str, Any]]:
+    out = []
+    for oxc_id, cc in sorted(pairs.items()):
+        view: dict[str, Any] = {
             "id": oxc_id,
             "cross_connects": [{"a": a, "b": b, "job_id": job} for a, b, job in sorted(cc)],
         }
-        for oxc_id, cc in sorted(pairs.items())
-    ]
+        if health is not None:
+            # the switch controller's last pass could not read it: these pairs are its
+            # last read, not necessarily what it holds now
+            since = health.get("unreachable", {}).get(oxc_id)
+            view["stale"] = since is not None
+            view["unreachable_since"] = since.replace("+00:00", "Z") if since else None
+        out.append(view)
+    return out
 
 
 def topology_view(services: Services) -> dict[str, Any]:
@@ -118,9 +128,12 @@ def topology_view(services: Services) -> dict[str, Any]:
     confirmed_pairs: dict[str, list[tuple[int, int, str | None]]] = {o.id: [] for o in cluster.oxcs}
     for cc in confirmed_ccs:
         confirmed_pairs[cc.oxc_id].append((cc.port_a, cc.port_b, cc.job_id or None))
+    health = repo.fact("switches") or {}
+    oxcs = _oxc_view(confirmed_pairs, health)
     body: dict[str, Any] = {
         "pod_circuits": realised_circuits(cluster, confirmed_ccs).to_dict(),
-        "oxcs": _oxc_view(confirmed_pairs),
+        "oxcs": oxcs,
+        "stale": any(o["stale"] for o in oxcs),
         "failed_ports": {o: sorted(c.failed_ports) for o, c in confirmed.items() if c.failed_ports},
     }
     facts = repo.fact("fabric") or {}

@@ -1,0 +1,359 @@
+"""Bounded soak on the full stack: churn, traffic, a stalled leader and a killed one.
+
+    .venv/bin/python bench/bench_soak.py [--seconds 120] [--jobs 2000] [--reports 100000]
+                                         [--launchers 16] [--hold-s 1.0] [--redis-db 13]
+
+mock-oxc, two workers (leader-elected) and one api on a fresh PostgreSQL
+database and Redis database `--redis-db`, with short retention windows
+(reports 30 s, decisions 60 s, idempotency keys 30 s, outbox 10 s; retention
+every 5 s) so a short run shows whether tables stay within them.
+
+Load, for `--seconds`:
+- `--launchers` threads each loop: POST /v1/jobs (2 servers on `small`),
+  long-poll until placed, hold `--hold-s`, complete; one job in five is
+  cancelled while still queued instead (churn). Up to `--jobs` jobs in all.
+- two telemetry threads POST batches of 100 reports (each with an
+  Idempotency-Key) until `--reports` reports were acknowledged.
+- at 1/3 of the run the leader is SIGSTOPped for 8 s (past its 5 s lease) and
+  resumed; at 2/3 the leader is SIGKILLed and restarted. Takeover = time from
+  the signal until the other worker reports itself leader.
+
+Printed: p50/p99 per endpoint, 5xx count, placements per second, takeovers,
+RSS of api and workers after warm-up and at the end, table sizes at the start
+and the end, and the load average (the machine is shared). Targets from
+issue 15: no 5xx, takeover <= TTL + 2 s, tables within retention, flat memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+import redis
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _service import _wait_ready, free_port, percentile  # noqa: E402
+
+ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
+SMALL = {"dp": 2, "pp": 1}
+TABLES = (
+    "jobs",
+    "decisions",
+    "traffic_reports",
+    "traffic_batches",
+    "outbox",
+    "dead_letters",
+    "predictions",
+)
+TTL_S = 5.0
+
+
+class Stats:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.latency: dict[str, list[float]] = defaultdict(list)
+        self.status: dict[str, dict[int, int]] = defaultdict(lambda: defaultdict(int))
+        self.errors: list[str] = []
+        self.unplaced = 0  # jobs not placed within the launcher's 20 s wait (then cancelled)
+
+    def call(self, client: httpx.Client, name: str, method: str, path: str, **kw: Any) -> Any:
+        """One request, retried on connection errors (the api never dies here)."""
+        for _ in range(50):
+            start = time.perf_counter()
+            try:
+                r = client.request(method, path, **kw)
+            except httpx.HTTPError as exc:
+                with self.lock:
+                    self.errors.append(f"{name}: {type(exc).__name__}")
+                time.sleep(0.2)
+                continue
+            took = time.perf_counter() - start
+            with self.lock:
+                self.latency[name].append(took)
+                self.status[name][r.status_code] += 1
+            if r.status_code == 503:
+                time.sleep(float(r.headers.get("retry-after", "1")))
+                continue
+            return r
+        raise RuntimeError(f"{name}: no answer")
+
+
+def rss_mb(pid: int) -> float:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return float("nan")
+
+
+def table_sizes(url: str) -> dict[str, int]:
+    with psycopg.connect(url) as conn:
+        return {
+            t: int(conn.execute(f"SELECT count(*) FROM {t}").fetchone()[0])  # type: ignore[index]
+            for t in TABLES
+        }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--seconds", type=float, default=120)
+    parser.add_argument("--jobs", type=int, default=2000)
+    parser.add_argument("--reports", type=int, default=100_000)
+    parser.add_argument("--launchers", type=int, default=16)
+    parser.add_argument("--hold-s", type=float, default=1.0)
+    parser.add_argument("--redis-db", type=int, default=13)
+    parser.add_argument("--logs", help="write each process's log (stderr) under this directory")
+    args = parser.parse_args()
+
+    name = f"lightpath_soak_{uuid.uuid4().hex[:8]}"
+    db_url = f"postgresql://postgres@127.0.0.1:5432/{name}"
+    with psycopg.connect(ADMIN, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    r = redis.Redis.from_url(f"redis://127.0.0.1:6379/{args.redis_db}")
+    r.flushdb()
+    oxc, api = free_port(), free_port()
+    env = dict(
+        os.environ,
+        LIGHTPATH_DATABASE_URL=db_url,
+        LIGHTPATH_REDIS_URL=f"redis://127.0.0.1:6379/{args.redis_db}",
+        LIGHTPATH_SOUTHBOUND_URL=f"http://127.0.0.1:{oxc}",
+        LIGHTPATH_CLUSTER="small",
+        LIGHTPATH_RECONFIG_MS="25",
+        LIGHTPATH_LOG_LEVEL="WARNING",
+        LIGHTPATH_WORKER_TICK_S="0.5",
+        LIGHTPATH_RETAIN_REPORTS_S="30",
+        LIGHTPATH_RETAIN_DECISIONS_S="60",
+        LIGHTPATH_IDEMPOTENCY_WINDOW_S="30",
+        LIGHTPATH_RETAIN_OUTBOX_S="10",
+        LIGHTPATH_RETENTION_INTERVAL_S="5",
+    )
+    env.pop("LIGHTPATH_API_TOKENS", None)
+    env.pop("LIGHTPATH_SOUTHBOUND_TOKEN", None)
+    run = [sys.executable, "-m", "app.cli"]
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+    ports: dict[str, int] = {}
+
+    def start(role: str, cmd: list[str], health: str) -> None:
+        err: Any = subprocess.DEVNULL
+        if args.logs:
+            Path(args.logs).mkdir(parents=True, exist_ok=True)
+            err = open(Path(args.logs) / f"{role}.log", "ab")  # noqa: SIM115
+        p = subprocess.Popen([*run, *cmd], env=env, stdout=subprocess.DEVNULL, stderr=err)
+        procs[role] = p
+        _wait_ready(health, p)
+
+    def start_worker(role: str) -> None:
+        port = ports.setdefault(role, free_port())
+        start(role, ["worker", "--metrics-port", str(port)], f"http://127.0.0.1:{port}/healthz")
+
+    def leader(exclude: str | None = None) -> str | None:
+        for role in ("worker-a", "worker-b"):
+            if role == exclude:
+                continue
+            try:
+                body = httpx.get(f"http://127.0.0.1:{ports[role]}/readyz", timeout=1).json()
+            except (httpx.HTTPError, ValueError):
+                continue
+            if body.get("leader"):
+                return role
+        return None
+
+    stats = Stats()
+    stop = threading.Event()
+    jobs_left = [args.jobs]
+    reports_done = [0]
+    takeovers: list[tuple[str, float]] = []
+    try:
+        subprocess.run([*run, "migrate"], env=env, check=True, capture_output=True)
+        start("mock-oxc", ["mock-oxc", "--port", str(oxc)], f"http://127.0.0.1:{oxc}/healthz")
+        start_worker("worker-a")
+        start_worker("worker-b")
+        start("api", ["api", "--port", str(api)], f"http://127.0.0.1:{api}/healthz")
+        url = f"http://127.0.0.1:{api}"
+        deadline = time.monotonic() + 20
+        while leader() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        servers = [
+            s["id"]
+            for p in httpx.get(f"{url}/v1/cluster").json()["pods"]
+            for t in p["tors"]
+            for s in t["servers"]
+        ]
+
+        def launcher(k: int) -> None:
+            rng = random.Random(k)
+            with httpx.Client(base_url=url, timeout=30) as c:
+                n = 0
+                while not stop.is_set():
+                    with stats.lock:
+                        if jobs_left[0] <= 0:
+                            return
+                        jobs_left[0] -= 1
+                    job_id = f"soak-{k}-{n}"
+                    n += 1
+                    body = {"job_id": job_id, "parallelism": SMALL}
+                    stats.call(c, "POST /v1/jobs", "POST", "/v1/jobs", json=body)
+                    if rng.random() < 0.2:  # churn: cancelled while (probably) queued
+                        stats.call(c, "DELETE /v1/jobs/{id}", "DELETE", f"/v1/jobs/{job_id}")
+                        continue
+                    params = {"wait_for": "placed", "timeout_s": 20}
+                    got = stats.call(
+                        c, "GET /v1/jobs/{id}?wait_for", "GET", f"/v1/jobs/{job_id}", params=params
+                    )
+                    if got.json().get("state") != "placed":  # not placed in 20 s: give up on it
+                        with stats.lock:
+                            stats.unplaced += 1
+                        stats.call(c, "DELETE /v1/jobs/{id}", "DELETE", f"/v1/jobs/{job_id}")
+                        continue
+                    time.sleep(args.hold_s)
+                    stats.call(c, "POST complete", "POST", f"/v1/jobs/{job_id}/complete")
+
+        def telemetry(k: int) -> None:
+            rng = random.Random(100 + k)
+            with httpx.Client(base_url=url, timeout=30) as c:
+                n = 0
+                while not stop.is_set():
+                    with stats.lock:
+                        if reports_done[0] >= args.reports:
+                            return
+                    at = 1_800_000_000.0 + k * 1e6 + n * 100
+                    batch = {
+                        "reports": [
+                            {
+                                "phase_started_at": at + i * 0.1,
+                                "demands": [
+                                    {"src": a, "dst": b, "bytes": rng.uniform(1e8, 2e9)}
+                                    for a, b in (rng.sample(servers, 2) for _ in range(4))
+                                ],
+                            }
+                            for i in range(100)
+                        ]
+                    }
+                    key = {"Idempotency-Key": f"soak-{k}-{n}"}
+                    resp = stats.call(
+                        c, "POST /v1/traffic", "POST", "/v1/traffic", json=batch, headers=key
+                    )
+                    n += 1
+                    if resp.status_code == 202:
+                        with stats.lock:
+                            reports_done[0] += resp.json()["accepted"]
+
+        threads = [
+            threading.Thread(target=launcher, args=(k,), daemon=True) for k in range(args.launchers)
+        ]
+        threads += [threading.Thread(target=telemetry, args=(k,), daemon=True) for k in range(2)]
+        t0 = time.monotonic()
+        for th in threads:
+            th.start()
+        time.sleep(min(10.0, args.seconds / 6))
+        rss_start = {k: rss_mb(p.pid) for k, p in procs.items() if k != "mock-oxc"}
+        sizes_start = table_sizes(db_url)
+
+        def takeover(kind: str) -> None:
+            old = leader()
+            if old is None:
+                return
+            p = procs[old]
+            signalled = time.monotonic()
+            if kind == "stall":
+                p.send_signal(signal.SIGSTOP)
+            else:
+                p.send_signal(signal.SIGKILL)
+                p.wait()
+            new = None
+            while new is None and time.monotonic() - signalled < 30:
+                new = leader(exclude=old)
+                time.sleep(0.05)
+            takeovers.append((kind, time.monotonic() - signalled if new else float("inf")))
+            if kind == "stall":
+                time.sleep(max(0.0, 8.0 - (time.monotonic() - signalled)))
+                p.send_signal(signal.SIGCONT)
+            else:
+                start_worker(old)
+
+        while time.monotonic() - t0 < args.seconds / 3:
+            time.sleep(0.2)
+        takeover("stall")
+        while time.monotonic() - t0 < 2 * args.seconds / 3:
+            time.sleep(0.2)
+        takeover("kill")
+        while time.monotonic() - t0 < args.seconds and any(th.is_alive() for th in threads):
+            time.sleep(0.2)
+        stop.set()
+        for th in threads:
+            th.join(60)
+        elapsed = time.monotonic() - t0
+        time.sleep(6)  # one retention interval after the load
+        rss_end = {k: rss_mb(p.pid) for k, p in procs.items() if k != "mock-oxc"}
+        sizes_end = table_sizes(db_url)
+        with psycopg.connect(db_url) as conn:
+            placed = conn.execute(
+                "SELECT count(*) FROM jobs WHERE placed_at IS NOT NULL"
+            ).fetchone()[0]  # type: ignore[index]
+        report = {
+            "seconds": round(elapsed, 1),
+            "jobs_submitted": args.jobs - max(0, jobs_left[0]),
+            "reports_acknowledged": reports_done[0],
+            "placements_per_s": round(placed / elapsed, 2),
+            "endpoints": {
+                name: {
+                    "n": len(v),
+                    "p50_ms": round(percentile(v, 50) * 1000, 1),
+                    "p99_ms": round(percentile(v, 99) * 1000, 1),
+                    "status": dict(stats.status[name]),
+                }
+                for name, v in sorted(stats.latency.items())
+            },
+            "server_errors_5xx": sum(
+                n
+                for s in stats.status.values()
+                for code, n in s.items()
+                if code >= 500 and code != 503
+            ),
+            "answers_503": sum(s.get(503, 0) for s in stats.status.values()),
+            "connection_errors": len(stats.errors),
+            "jobs_not_placed_in_20s": stats.unplaced,
+            "takeover_s": {k: round(v, 2) for k, v in takeovers},
+            "rss_mb_start": {k: round(v, 1) for k, v in rss_start.items()},
+            "rss_mb_end": {k: round(v, 1) for k, v in rss_end.items()},
+            "tables_start": sizes_start,
+            "tables_end": sizes_end,
+            "loadavg": Path("/proc/loadavg").read_text().split()[:3],
+        }
+        print(json.dumps(report, indent=2))
+        ok = report["server_errors_5xx"] == 0 and all(v <= TTL_S + 2 for _, v in takeovers)
+        return 0 if ok else 1
+    finally:
+        stop.set()
+        for p in procs.values():
+            if p.poll() is None:
+                p.send_signal(signal.SIGCONT)
+                p.terminate()
+        for p in procs.values():
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        r.flushdb()
+        r.close()
+        with psycopg.connect(ADMIN, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+if __name__ == "__main__":
+    sys.exit(main())
