@@ -221,8 +221,9 @@ def _pick_pods(
     """Pods and how many groups each takes: one pod if any holds the job, else fewest.
 
     Inside one pod: best fit, ties to the pod with fewest free uplinks (the job
-    needs none). Across pods: the largest first, ties and the tail to pods with
-    free uplinks (the job's circuits need ports on every pod it spans).
+    needs none). Across pods: the largest first (fewest pods), ties to pods with
+    free uplinks (the job's circuits need ports on every pod it spans); the tail
+    best-fit, ties to pods with free uplinks.
     """
     pool = [p for p in cluster.pods if pod_cap[p.id] > 0]
     fitting = [p for p in pool if pod_cap[p.id] >= need]
@@ -242,7 +243,7 @@ def _pick_pods(
     def uplinks(p: Pod) -> int:
         return 0 if ports[p.id] > 0 else 1
 
-    pool.sort(key=lambda p: (uplinks(p), -pod_cap[p.id], -ports[p.id], p.id))
+    pool.sort(key=lambda p: (-pod_cap[p.id], uplinks(p), -ports[p.id], p.id))
     chosen: list[tuple[Pod, int]] = []
     remaining = need
     while remaining > 0:
@@ -251,8 +252,8 @@ def _pick_pods(
             pod = min(
                 tail,
                 key=lambda p: (
-                    uplinks(p),
                     pod_cap[p.id],
+                    uplinks(p),
                     pod_free[p.id] - remaining * ep,
                     -ports[p.id],
                     p.id,
