@@ -213,8 +213,6 @@ class JobCycle:
     installs: tuple[Install, ...] = ()
     waiting: tuple[WaitingPhase, ...] = ()
     fits: tuple[bool, ...] = ()  # did each recent rewiring fit its gap
-    gaps: tuple[float, ...] = ()  # seconds between a phase being seen and the next start
-    last_seen_s: float | None = None
     confirmed_period: bool = False  # a predicted period came true at least once
     accounting: Accounting = Accounting()
     last_plan: str | None = None
@@ -701,20 +699,8 @@ def _observed(
     cycle = _score(cycle, plan_id, e.started_at_s)
     predictor, outcome = step_predictor(cycle.predictor, plan_id)
     arrivals = (cycle.arrivals + (e.started_at_s,))[-ARRIVALS_KEPT:]
-    gaps = cycle.gaps
-    if cycle.last_seen_s is not None:
-        # the compute gap before this phase: from when the previous one was seen
-        # (its end in the simulator, its report live) to this one's start
-        gaps = (gaps + (e.started_at_s - cycle.last_seen_s,))[-ARRIVALS_KEPT:]
     confirmed = cycle.confirmed_period or (outcome.hit and predictor.period is not None)
-    cycle = replace(
-        cycle,
-        predictor=predictor,
-        arrivals=arrivals,
-        gaps=gaps,
-        last_seen_s=e.at_s,
-        confirmed_period=confirmed,
-    )
+    cycle = replace(cycle, predictor=predictor, arrivals=arrivals, confirmed_period=confirmed)
     target, fits = _next_target(state, jf, cycle, e.at_s)
     if fits is not None:
         period = predictor.period or 1
@@ -789,10 +775,6 @@ def _next_target(
         wanted = cycle.target if nxt == EMPTY_PLAN_ID else HELD_PLAN
     if wanted is None:
         wanted = HELD_PLAN
-    if wanted != HELD_PLAN and not _every_gap_fits(state.config, cycle, predictor.period):
-        # per-phase circuits must also be undone (or changed) in the gaps after this
-        # phase: a one-way rewiring would leave the next phase on the wrong circuits
-        wanted = HELD_PLAN
     if wanted == cycle.target:
         return wanted, None
     gap = should_preinstall(
@@ -807,14 +789,6 @@ def _next_target(
     if not all(cycle.fits) and wanted != HELD_PLAN:
         return HELD_PLAN, True  # a rewiring missed its gap lately: hold until they fit again
     return wanted, True
-
-
-def _every_gap_fits(config: ControllerConfig, cycle: JobCycle, period: int) -> bool:
-    """Did every compute gap of the last predicted period leave room for a rewiring?"""
-    recent = cycle.gaps[-period:]
-    if len(recent) < period:
-        return False
-    return min(recent) * 1000.0 >= config.reconfig_ms + config.guard_ms
 
 
 def _rewire(

@@ -233,7 +233,7 @@ def test_cli_generates_a_family_and_simulates_seeds(tmp_path: Path) -> None:
     assert run_simulate("seed-15k", str(path), ["ideal"], None, 0, None, gpu="z80") == 2
 
 
-def test_lightpath_rewires_per_phase_only_where_every_gap_of_the_cycle_fits() -> None:
+def test_lightpath_rewires_per_phase_only_where_the_controller_finds_a_gap() -> None:
     cluster = build_cluster(
         "four",
         pods=4,
@@ -258,10 +258,7 @@ def test_lightpath_rewires_per_phase_only_where_every_gap_of_the_cycle_fits() ->
     short = simulate(cluster, [WorkloadJob(job(0.005), 0.0, 200)], "lightpath").jobs[0]
     assert short.hits == 0 and short.reconfigurations == 0  # 15 ms gaps < 25 ms: it holds
     long = simulate(cluster, [WorkloadJob(job(0.2), 0.0, 200)], "lightpath").jobs[0]
-    # 0.76 s of compute before the pp phase, but the dp buckets start as the pp sends
-    # end: a pp topology could not be undone in time for dp, so the job holds its
-    # pp+dp topology instead of running every dp phase on pp's circuits
-    assert long.hits == 0 and long.misses == 0
+    assert long.hits > 0  # the controller pre-installed phases in 0.4 s gaps
     assert long.hits + long.held + long.misses == 2 * 200  # every phase scored once
     static = simulate(cluster, [WorkloadJob(job(0.2), 0.0, 200)], "static").jobs[0]
     assert long.slowdown is not None and static.slowdown is not None
