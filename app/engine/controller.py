@@ -441,6 +441,10 @@ def _reallocate(
     if deferred:
         changes = changed_cross_connects(before.cross_connects, desired)
     decisions = diff_plans(before, replace(fabric, cross_connects=desired), reason, changes)
+    waiting = set(deferred) | {cc.job_id for cc in pending}
+    if waiting:
+        # their headers describe circuits not installed yet: sent with them, in the gap
+        decisions = tuple(d for d in decisions if not (d.kind == "routing" and d.job_id in waiting))
     state = replace(
         state,
         jobs=jobs,
@@ -587,8 +591,16 @@ def _apply_deferred(
         for c in diff_cross_connects(state.desired, desired)
     )
     changed = _jobs_changed(state.desired, desired, changed_cross_connects(state.desired, desired))
+    held_back = set(still) | {cc.job_id for cc in waiting}
+    fabric = state.fabric
+    routing = tuple(
+        Decision("routing", r.job_id, f"{reason}: compute gap", routing=r)
+        for job_id in sorted(set(changed) - held_back)
+        if fabric is not None and (jf := fabric.job(job_id)) is not None
+        for r in jf.routing
+    )
     state = replace(state, desired=desired, pending=tuple(waiting), deferred=still)
-    return _record_installs(state, changed, at_s), decisions
+    return _record_installs(state, changed, at_s), decisions + routing
 
 
 def _jobs_changed(

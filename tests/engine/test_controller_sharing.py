@@ -153,11 +153,14 @@ def test_a_shrinking_job_gives_up_circuits_in_its_compute_gap() -> None:
     assert "a" in state.deferred
     assert {cc for cc in state.desired if cc.job_id == "a"} == held  # untouched for now
     assert not any(d.kind == "oxc" and d.oxc and d.oxc.disconnect for d in decisions)
+    # headers describing circuits not installed yet wait with them
+    assert not any(d.kind == "routing" and d.job_id == "a" for d in decisions)
     ports = [(cc.oxc_id, p) for cc in state.desired for p in (cc.port_a, cc.port_b)]
     assert len(ports) == len(set(ports))
     # a's phase at 4.0 starts; the next is 0.5 s away: now its circuits shrink
     state, decisions = step(state, PhaseObserved("a", demand, 4.0, 4.001))
     assert "a" not in state.deferred and state.pending == ()
+    assert any(d.kind == "routing" and d.job_id == "a" for d in decisions)
     # (a circuit handed from a to b on the same ports is re-tagged, not re-switched)
     mine = [cc for cc in state.desired if cc.job_id == "a"]
     theirs = [cc for cc in state.desired if cc.job_id == "b"]
