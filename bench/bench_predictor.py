@@ -31,13 +31,13 @@ from app.engine.cluster import preset
 from app.engine.plan_signature import (
     Demand,
     PlanCatalog,
-    PodDemand,
     aggregate_pod_demand,
     attribute_demands,
     classify_plan,
     pod_demand_from_directed,
 )
 from app.engine.predictor import count_misses, new_predictor, run_predictor, step
+from app.engine.traffic import DemandMatrix
 
 SEED = 20240619
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -177,7 +177,7 @@ def iteration_phases(pp: int, dp: int, m: int, kind: str, moe: bool) -> list[Pai
 
 def to_pod_demand(
     pairs: Pairs, jitter: list[float], rng: random.Random, all_pods: list[int]
-) -> PodDemand:
+) -> DemandMatrix:
     """Bytes per pair with real jitter; an AllToAll marker becomes an uneven all-pairs demand."""
     directed: dict[tuple[str, str], float] = {}
     if (-1, -1) in pairs:

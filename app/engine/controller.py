@@ -67,7 +67,7 @@ from .fabric import (
     route_phases,
 )
 from .job import Collective, Job, Placement
-from .plan_signature import EMPTY_PLAN_ID, PlanCatalog, PodDemand, classify_plan
+from .plan_signature import EMPTY_PLAN_ID, PlanCatalog, classify_plan
 from .predictor import DEFAULT_ALGORITHM, PredictorState, new_predictor
 from .predictor import step as step_predictor
 from .preinstall import should_preinstall
@@ -129,7 +129,7 @@ class PhaseObserved:
     """One communication phase of a job: its pod demand, start, and when it was seen."""
 
     job_id: str
-    demand: PodDemand
+    demand: DemandMatrix
     started_at_s: float
     at_s: float  # when the controller handles it (after the phase's start)
 
@@ -206,7 +206,7 @@ class JobCycle:
 
     predictor: PredictorState
     catalog: PlanCatalog = field(default_factory=PlanCatalog)
-    demands: Mapping[str, PodDemand] = field(default_factory=dict)
+    demands: Mapping[str, DemandMatrix] = field(default_factory=dict)
     circuits: Mapping[str, PodCircuits] = field(default_factory=dict)  # own plan per plan id
     gains: Mapping[str, float] = field(default_factory=dict)  # held time / own time - 1
     arrivals: tuple[float, ...] = ()
@@ -739,7 +739,7 @@ def _observed(
 
 
 def _learn_plan(
-    cluster: Cluster, jf: JobFabric, cycle: JobCycle, plan_id: str, demand: PodDemand
+    cluster: Cluster, jf: JobFabric, cycle: JobCycle, plan_id: str, demand: DemandMatrix
 ) -> JobCycle:
     """Remember a new plan's demand, its own circuits in the slice and what they gain."""
     demands = dict(cycle.demands)
@@ -748,7 +748,8 @@ def _learn_plan(
     gains = dict(cycle.gains)
     if plan_id != EMPTY_PLAN_ID and jf.slice.mode == MODE_ISOLATED:
         budget = dict(jf.slice.pod_ports)
-        matrix = _matrix(demand)
+        # circuits are full duplex: each pair planned on its larger direction both ways
+        matrix = DemandMatrix.from_pairs(demand.pairs())
         if all(p in budget for p in matrix.pod_ids):
             own = plan_topology(cluster, matrix, budget)
             held = evaluate_circuits(matrix, jf.plan.circuits, budget, cluster.nic_gbps)
@@ -757,12 +758,6 @@ def _learn_plan(
                 held.completion_s / own.completion_s - 1.0 if own.completion_s > 0 else 0.0
             )
     return replace(cycle, demands=demands, circuits=circuits, gains=gains)
-
-
-def _matrix(demand: PodDemand) -> DemandMatrix:
-    pods = sorted({p for p, _, _ in demand.pairs} | {q for _, q, _ in demand.pairs})
-    entries = [(p, q, b) for p, q, b in demand.pairs] + [(q, p, b) for p, q, b in demand.pairs]
-    return DemandMatrix.from_entries(pods, entries)
 
 
 def _next_target(

@@ -29,6 +29,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
 from .cluster import Cluster
+from .traffic import DemandMatrix
 
 EMPTY_PLAN_ID = "plan-idle"  # a phase with no inter-pod traffic: no circuits needed
 # Pairs below this fraction of the busiest pair get no circuit (their bytes ride a
@@ -53,21 +54,6 @@ class Demand:
     src: str
     dst: str
     size_bytes: float
-
-
-@dataclass(frozen=True, slots=True)
-class PodDemand:
-    """Inter-pod load of one phase: (pod_a, pod_b, bytes) with pod_a < pod_b, sorted."""
-
-    pairs: tuple[tuple[str, str, float], ...]
-
-    @property
-    def total_bytes(self) -> float:
-        return sum(b for _, _, b in self.pairs)
-
-    @property
-    def is_empty(self) -> bool:
-        return not self.pairs
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,8 +96,8 @@ def attribute_demands(
     return {job_id: tuple(ds) for job_id, ds in grouped.items()}
 
 
-def aggregate_pod_demand(cluster: Cluster, demands: Iterable[Demand]) -> PodDemand:
-    """Sum server demands to pod pairs (the larger direction per pair); unknown servers skipped."""
+def aggregate_pod_demand(cluster: Cluster, demands: Iterable[Demand]) -> DemandMatrix:
+    """Sum server demands to directed pod-to-pod bytes; same-pod and unknown servers skipped."""
     index = cluster.server
     has = cluster.has_server
     directed: dict[tuple[str, str], float] = {}
@@ -124,27 +110,24 @@ def aggregate_pod_demand(cluster: Cluster, demands: Iterable[Demand]) -> PodDema
     return pod_demand_from_directed(directed)
 
 
-def pod_demand_from_directed(directed: Mapping[tuple[str, str], float]) -> PodDemand:
-    """A PodDemand from directed pod-to-pod bytes (e.g. a row/column of a demand matrix)."""
-    pairs: dict[tuple[str, str], float] = {}
-    for (a, b), size in directed.items():
-        if a == b or size <= 0.0:
-            continue
-        key = (a, b) if a < b else (b, a)
-        pairs[key] = max(pairs.get(key, 0.0), size)
-    return PodDemand(tuple((a, b, size) for (a, b), size in sorted(pairs.items())))
+def pod_demand_from_directed(directed: Mapping[tuple[str, str], float]) -> DemandMatrix:
+    """The demand matrix of directed pod-to-pod bytes (same-pod and empty entries dropped)."""
+    entries = [(a, b, size) for (a, b), size in directed.items() if a != b and size > 0.0]
+    pods = sorted({p for a, b, _ in entries for p in (a, b)})
+    return DemandMatrix.from_entries(pods, entries)
 
 
-def _significant(pod_demand: PodDemand, floor: float) -> tuple[tuple[str, str, float], ...]:
+def _significant(pod_demand: DemandMatrix, floor: float) -> tuple[tuple[str, str, float], ...]:
     """The pairs that would get a circuit: at least `floor` of the busiest pair."""
-    if not pod_demand.pairs:
+    pairs = pod_demand.pairs()
+    if not pairs:
         return ()
-    peak = max(b for _, _, b in pod_demand.pairs)
-    return tuple(p for p in pod_demand.pairs if p[2] >= floor * peak)
+    peak = max(b for _, _, b in pairs)
+    return tuple(p for p in pairs if p[2] >= floor * peak)
 
 
 def quantise_pod_demand(
-    pod_demand: PodDemand, floor: float = DEFAULT_FLOOR
+    pod_demand: DemandMatrix, floor: float = DEFAULT_FLOOR
 ) -> tuple[tuple[str, str, int], ...]:
     """Each significant pair's load as whole log2 steps below the busiest pair.
 
@@ -166,7 +149,7 @@ def signature_id(levels: tuple[tuple[str, str, int], ...], digits: int = 4) -> s
     return "plan-" + hashlib.blake2b(text.encode(), digest_size=8).hexdigest()[:digits]
 
 
-def plan_signature(pod_demand: PodDemand, floor: float = DEFAULT_FLOOR) -> PlanSignature:
+def plan_signature(pod_demand: DemandMatrix, floor: float = DEFAULT_FLOOR) -> PlanSignature:
     """The memoryless signature of one phase (no catalogue: ids may flip at grid edges)."""
     levels = quantise_pod_demand(pod_demand, floor)
     pairs = _significant(pod_demand, floor)
@@ -187,7 +170,7 @@ def demand_distance(
     return 0.5 * distance
 
 
-def classify_plan(catalog: PlanCatalog, pod_demand: PodDemand) -> tuple[PlanCatalog, str]:
+def classify_plan(catalog: PlanCatalog, pod_demand: DemandMatrix) -> tuple[PlanCatalog, str]:
     """The plan id for one phase: the closest known plan within tolerance, else a new one."""
     signature = plan_signature(pod_demand, catalog.floor)
     if not signature.levels:

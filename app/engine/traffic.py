@@ -109,6 +109,32 @@ class DemandMatrix:
             if b > 0
         )
 
+    @staticmethod
+    def from_pairs(pairs: Iterable[tuple[str, str, float]]) -> DemandMatrix:
+        """A symmetric matrix: each (pod_a, pod_b, bytes) in both directions."""
+        pairs = tuple(pairs)
+        pods = sorted({p for a, b, _ in pairs for p in (a, b)})
+        return DemandMatrix.from_entries(
+            pods, [e for a, b, size in pairs for e in ((a, b, size), (b, a, size))]
+        )
+
+    def pairs(self) -> tuple[tuple[str, str, float], ...]:
+        """Each pod pair once, (pod_a, pod_b, bytes of its larger direction), pod_a < pod_b,
+        sorted: the form plan signatures compare."""
+        larger: dict[tuple[str, str], float] = {}
+        ids = self.pod_ids
+        for i, row in enumerate(self.bytes):
+            for j, size in enumerate(row):
+                if size > 0:
+                    key = (ids[i], ids[j]) if ids[i] < ids[j] else (ids[j], ids[i])
+                    if size > larger.get(key, 0.0):
+                        larger[key] = size
+        return tuple(sorted((a, b, size) for (a, b), size in larger.items()))
+
+    @property
+    def is_empty(self) -> bool:
+        return not any(any(row) for row in self.bytes)
+
     def plus(self, other: DemandMatrix) -> DemandMatrix:
         """Element-wise sum over the union of both pod sets."""
         pods = tuple(dict.fromkeys(self.pod_ids + other.pod_ids))

@@ -46,7 +46,6 @@ from app.engine.fabric import MODE_ISOLATED, MODE_NONE, MODE_TIME_DIVISION
 from app.engine.job import Collective, Job, Placement
 from app.engine.plan_signature import (
     PlanCatalog,
-    PodDemand,
     classify_plan,
     pod_demand_from_directed,
 )
@@ -363,19 +362,15 @@ def phase_slots(
         send = max(send, ALPHA_RING_S + pp_s / timing.microbatches)
     span = pipeline_span_s(timing, send)
     if job.parallelism.pp > 1:
-        demand = _pod_demand(traffic[PHASE_PP])
+        demand = traffic[PHASE_PP]
         catalog, pid = classify_plan(catalog, demand)
         slots.append(PhaseSlot(pid, demand, timing.forward_s, pp_window_s(timing, send)))
     if job.parallelism.dp > 1:
-        demand = _pod_demand(traffic[PHASE_DP])
+        demand = traffic[PHASE_DP]
         catalog, pid = classify_plan(catalog, demand)
         # gradient buckets go out from the start of stage 0's last backward pass
         slots.append(PhaseSlot(pid, demand, span - timing.backward_s, dp_s))
     return slots
-
-
-def _pod_demand(demand: DemandMatrix) -> PodDemand:
-    return pod_demand_from_directed({(p, q): b for p, q, b in demand.entries()})
 
 
 def profile_optical(

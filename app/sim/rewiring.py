@@ -33,8 +33,9 @@ from app.engine.controller import (
     SwitchConfirmed,
     step,
 )
-from app.engine.plan_signature import EMPTY_PLAN_ID, PodDemand
+from app.engine.plan_signature import EMPTY_PLAN_ID
 from app.engine.rewiring_rules import HELD_TOPOLOGY, reactive_iteration
+from app.engine.traffic import DemandMatrix
 
 MAX_WARMUP_ITERATIONS = 64
 _STEADY_REPEATS = 3
@@ -86,7 +87,7 @@ class PhaseSlot:
     """One phase of an iteration: its pod demand and plan, start offset and duration."""
 
     plan_id: str
-    demand: PodDemand
+    demand: DemandMatrix
     offset_s: float
     duration_s: float
 

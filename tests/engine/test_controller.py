@@ -14,7 +14,7 @@ from app.engine.controller import (
 )
 from app.engine.fabric import MODE_ISOLATED, PlacedJob
 from app.engine.job import Collective, Job, ModelFacts, Parallelism, Placement, Unit
-from app.engine.plan_signature import PodDemand
+from app.engine.traffic import DemandMatrix
 from app.sim.trace import replay_trace
 
 SMALL = preset("small")
@@ -59,8 +59,8 @@ def cross_job(job_id: str, slot: int = 0) -> PlacedJob:
     return PlacedJob(job, Placement(job_id, units))
 
 
-PP = PodDemand((("pod-0", "pod-1", 4e9), ("pod-2", "pod-3", 4e9)))
-DP = PodDemand((("pod-0", "pod-2", 8e9), ("pod-1", "pod-3", 8e9)))
+PP = DemandMatrix.from_pairs((("pod-0", "pod-1", 4e9), ("pod-2", "pod-3", 4e9)))
+DP = DemandMatrix.from_pairs((("pod-0", "pod-2", 8e9), ("pod-1", "pod-3", 8e9)))
 
 
 def phases(job_id: str, start: float, gap_s: float, n: int, plans=(PP, DP)) -> list[Event]:
@@ -101,7 +101,7 @@ def test_long_gaps_rewire_per_phase_with_hits_and_nothing_exposed() -> None:
 
 def test_idle_phases_cost_no_rewiring() -> None:
     pj = cross_job("a")
-    idle = PodDemand(())
+    idle = DemandMatrix.from_pairs(())
     events = [placed(pj), *phases("a", 1.0, 0.5, 40, plans=(PP, idle))]
     result = replay_trace(SMALL, CONFIG, events)
     acc = result.accounting("a")

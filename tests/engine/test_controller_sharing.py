@@ -139,11 +139,11 @@ def test_a_shrinking_job_gives_up_circuits_in_its_compute_gap() -> None:
     """b arrives 10 ms before a's next phase: a's circuits change only after that
     phase has started, when the gap to the following one fits a reconfiguration."""
     from app.engine.controller import PhaseObserved
-    from app.engine.plan_signature import PodDemand
+    from app.engine.traffic import DemandMatrix
 
     a = _job("a", _on(SMALL, [0, 1], 0, 2))
     b = _job("b", _on(SMALL, [0, 1], 2, 2))
-    demand = PodDemand((("pod-0", "pod-1", 4e9),))
+    demand = DemandMatrix.from_pairs((("pod-0", "pod-1", 4e9),))
     events: list[Event] = [JobPlaced(*a, at_s=0.0)]
     events += [PhaseObserved("a", demand, 0.5 * k, 0.5 * k + 0.001) for k in range(1, 8)]
     state = _run(new_controller(SMALL, CONFIG), events)
@@ -192,7 +192,7 @@ def test_sharers_take_the_turn_when_their_phase_comes_in_the_holders_gap() -> No
     """One circuit, two jobs: both take turns. A sharer whose phase comes while the
     holder is in a long compute gap gets the circuit then, not when the clock says."""
     from app.engine.controller import PhaseObserved
-    from app.engine.plan_signature import PodDemand
+    from app.engine.traffic import DemandMatrix
 
     a = _job("a", _on(ONE_PORT, [0, 1], 0, 1))
     b = _job("b", _on(ONE_PORT, [0, 1], 1, 1))
@@ -203,7 +203,7 @@ def test_sharers_take_the_turn_when_their_phase_comes_in_the_holders_gap() -> No
     holder, other = order
     view = network_view(state, other)
     assert view is not None and view.mode == "shared"
-    demand = PodDemand((("pod-0", "pod-1", 1e9),))
+    demand = DemandMatrix.from_pairs((("pod-0", "pod-1", 1e9),))
     events: list[Event] = [
         PhaseObserved(holder, demand, 1.0 * k, 1.0 * k + 0.001) for k in range(1, 6)
     ]

@@ -16,7 +16,6 @@ from app.engine.plan_signature import (
     EMPTY_PLAN_ID,
     Demand,
     PlanCatalog,
-    PodDemand,
     aggregate_pod_demand,
     attribute_demands,
     classify_plan,
@@ -27,6 +26,7 @@ from app.engine.plan_signature import (
     signature_id,
 )
 from app.engine.predictor import count_misses, run_predictor
+from app.engine.traffic import DemandMatrix
 
 JITTER = Path(__file__).resolve().parents[2] / "data" / "traces" / "iteration_jitter"
 SMALL = preset("small")
@@ -106,7 +106,8 @@ def test_aggregate_keeps_the_busier_direction_and_drops_intra_pod() -> None:
         Demand(srv(2, 0, 0), srv(2, 1, 0), 100.0),  # inside pod-2: no optics
         Demand("nowhere", srv(0, 0, 0), 7.0),
     ]
-    assert aggregate_pod_demand(SMALL, demands) == PodDemand((("pod-0", "pod-1", 10.0),))
+    # each pod pair once, with its larger direction
+    assert aggregate_pod_demand(SMALL, demands).pairs() == (("pod-0", "pod-1", 10.0),)
 
 
 # ------------------------------------------------------------------- signatures
@@ -117,7 +118,7 @@ def test_quantisation_on_a_log2_grid_and_floor() -> None:
         {("pod-0", "pod-1"): 100.0, ("pod-1", "pod-2"): 52.0, ("pod-2", "pod-3"): 1.0}
     )
     assert quantise_pod_demand(pd) == (("pod-0", "pod-1", 0), ("pod-1", "pod-2", 1))
-    assert plan_signature(PodDemand(())).plan_id == EMPTY_PLAN_ID
+    assert plan_signature(DemandMatrix.from_pairs(())).plan_id == EMPTY_PLAN_ID
 
 
 def test_ids_are_short_and_stable_across_processes() -> None:
@@ -154,7 +155,7 @@ def test_catalog_reuses_the_first_id_and_lengthens_colliding_ids() -> None:
     assert again == first and [e.plan_id for e in catalog.entries] == [first] * len(catalog.entries)
     catalog, other = classify_plan(catalog, aggregate_pod_demand(SMALL, pp_demands([1.0] * 8)))
     assert other != first and catalog.entries[-1].plan_id == other
-    assert classify_plan(catalog, PodDemand(()))[1] == EMPTY_PLAN_ID
+    assert classify_plan(catalog, DemandMatrix.from_pairs(()))[1] == EMPTY_PLAN_ID
 
 
 def test_catalog_is_bounded() -> None:
