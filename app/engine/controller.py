@@ -282,7 +282,14 @@ def step(state: ControllerState, event: Event) -> tuple[ControllerState, tuple[D
     state = replace(state, now_s=max(state.now_s, event.at_s))
     if state.deferred and isinstance(event, JobPlaced | JobCompleted | PortsChanged):
         # what waited for a compute gap goes in before the next re-allocation
-        state, flushed = _apply_deferred(state, tuple(state.deferred), event.at_s, "allocation")
+        cause = (
+            "arrival"
+            if isinstance(event, JobPlaced)
+            else "completion"
+            if isinstance(event, JobCompleted)
+            else "reconcile"
+        )
+        state, flushed = _apply_deferred(state, tuple(state.deferred), event.at_s, cause)
         state, decisions = step(state, event)
         return state, flushed + decisions
     if isinstance(event, JobPlaced):
@@ -504,9 +511,7 @@ def _follow_aggregators(
         state = replace(state, fabric=replace(fabric, jobs=tuple(out)))
         fixed, routing = _with_circuits(state, new_jf, jf.circuits)
         out[i] = next(j for j in (fixed.jobs if fixed else ()) if j.job_id == jf.job_id)
-        decisions += [
-            Decision("routing", jf.job_id, f"{reason}: aggregators", routing=r) for r in routing
-        ]
+        decisions += [Decision("routing", jf.job_id, reason, routing=r) for r in routing]
     if not decisions:
         return state, ()
     fabric = replace(fabric, jobs=tuple(out), aggregators=ledger)
@@ -587,14 +592,13 @@ def _apply_deferred(
             freed.append(cc)
     desired = tuple(sorted(stay + mine + freed, key=lambda c: c.key))
     decisions = tuple(
-        Decision("oxc", None, f"{reason}: compute gap", oxc=c)
-        for c in diff_cross_connects(state.desired, desired)
+        Decision("oxc", None, reason, oxc=c) for c in diff_cross_connects(state.desired, desired)
     )
     changed = _jobs_changed(state.desired, desired, changed_cross_connects(state.desired, desired))
     held_back = set(still) | {cc.job_id for cc in waiting}
     fabric = state.fabric
     routing = tuple(
-        Decision("routing", r.job_id, f"{reason}: compute gap", routing=r)
+        Decision("routing", r.job_id, reason, routing=r)
         for job_id in sorted(set(changed) - held_back)
         if fabric is not None and (jf := fabric.job(job_id)) is not None
         for r in jf.routing
@@ -729,7 +733,7 @@ def _observed(
             guard_ms=state.config.guard_ms,
         )
         if gap.fits or e.at_s - state.deferred[e.job_id] > MAX_DEFER_S:
-            return _apply_deferred(state, (e.job_id,), e.at_s, "allocation")
+            return _apply_deferred(state, (e.job_id,), e.at_s, "phase")
         return state, ()  # its re-allocation waits for a gap: no rewiring before it
     if jf.slice.mode == MODE_TIME_DIVISION:
         return _turn_for_phase(state, e.job_id, plan_id, e.at_s)
@@ -862,7 +866,7 @@ def _tick(state: ControllerState, e: Tick) -> tuple[ControllerState, tuple[Decis
     """Rotate the turn on shared ports when it has lasted `turn_s` and others wait."""
     overdue = [j for j, t in state.deferred.items() if e.at_s - t > MAX_DEFER_S]
     if overdue:
-        state, flushed = _apply_deferred(state, overdue, e.at_s, "allocation")
+        state, flushed = _apply_deferred(state, overdue, e.at_s, "reconcile")
         state, rest = _tick(state, e)
         return state, flushed + rest
     order = state.turn_order

@@ -94,6 +94,15 @@ def test_jobs_short_of_ports_are_all_served_and_a_completion_grows_the_survivor(
         )
         assert grown > before
         assert c.get("/v1/jobs/second").json()["network"]["mode"] == "isolated"
+        # every decision's reason is one the contract lists
+        logged = c.get("/v1/decisions", params={"limit": 1000}).json()["decisions"]
+        assert {d["reason"] for d in logged} <= {
+            "arrival",
+            "completion",
+            "phase",
+            "prediction",
+            "reconcile",
+        }
 
 
 def test_a_single_pod_arrival_writes_no_oxc_decision_for_another_job(server: LiveServer) -> None:

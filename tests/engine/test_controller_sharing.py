@@ -21,6 +21,8 @@ from app.engine.fabric import MODE_ISOLATED, MODE_NONE, MODE_TIME_DIVISION
 from app.engine.job import Collective, Job, ModelFacts, Parallelism, Placement, Unit
 
 SMALL = preset("small")
+# the decision log's reasons, as the REST contract lists them
+REASONS = {"arrival", "completion", "phase", "prediction", "reconcile"}
 CONFIG = ControllerConfig(reconfig_ms=25.0)
 
 
@@ -105,7 +107,8 @@ def test_every_job_is_served_and_no_port_is_used_twice(data: st.DataObject) -> N
             gone = data.draw(st.sampled_from(sorted(running)))
             for s in running.pop(gone):
                 free[NARROW.server(s).pod_id].append(s)
-            state, _ = step(state, JobCompleted(gone, t))
+            state, decisions = step(state, JobCompleted(gone, t))
+            assert {d.reason for d in decisions} <= REASONS
         else:
             pods = data.draw(st.lists(st.sampled_from(sorted(free)), min_size=1, max_size=3))
             servers = []
@@ -118,7 +121,8 @@ def test_every_job_is_served_and_no_port_is_used_twice(data: st.DataObject) -> N
                 continue
             job, placement = _job(f"j{k}", servers)
             running[job.job_id] = servers
-            state, _ = step(state, JobPlaced(job, placement, t))
+            state, decisions = step(state, JobPlaced(job, placement, t))
+            assert {d.reason for d in decisions} <= REASONS
         fabric = state.fabric
         assert fabric is not None
         assert fabric.unmapped == ()
@@ -161,6 +165,7 @@ def test_a_shrinking_job_gives_up_circuits_in_its_compute_gap() -> None:
     state, decisions = step(state, PhaseObserved("a", demand, 4.0, 4.001))
     assert "a" not in state.deferred and state.pending == ()
     assert any(d.kind == "routing" and d.job_id == "a" for d in decisions)
+    assert {d.reason for d in decisions} <= REASONS
     # (a circuit handed from a to b on the same ports is re-tagged, not re-switched)
     mine = [cc for cc in state.desired if cc.job_id == "a"]
     theirs = [cc for cc in state.desired if cc.job_id == "b"]
