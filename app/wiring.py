@@ -20,6 +20,7 @@ from app.api.read_cache import JobViewCache
 from app.bus import InProcessBus
 from app.bus.relay import OutboxRelay
 from app.cluster_files import ConfigError, load_cluster
+from app.engine.circuits import load_solver
 from app.engine.cluster import Cluster
 from app.engine.controller import ControllerConfig
 from app.settings import Settings
@@ -86,6 +87,7 @@ class Runtime:
         if self.relay is not None:
             self.relay.start()
         if self.worker is not None:
+            load_solver()  # before the first arrival, not during its fabric pass
             self.worker.thread_init = self.thread_init  # its fabric thread is fenced too
             self._spawn("worker", self.worker.run, self._stop, self.is_leader)
         if self.controller is not None:

@@ -442,6 +442,16 @@ def _to_circuits(pods: Sequence[str], c: Sequence[Sequence[int]]) -> PodCircuits
     return PodCircuits(tuple(pods), tuple(tuple(r) for r in c))
 
 
+def load_solver() -> None:
+    """Import the exact solver's libraries now.
+
+    A worker calls this as it starts: otherwise the first arrival it plans pays
+    for importing numpy and scipy (~0.4 s) while its job's circuits wait.
+    """
+    import numpy  # noqa: F401
+    import scipy.optimize  # noqa: F401
+
+
 def plan_circuits_exact(
     demand: DemandMatrix,
     ports: Mapping[str, int],
