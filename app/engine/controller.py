@@ -61,6 +61,8 @@ from .fabric import (
     JobFabric,
     PlacedJob,
     RoutingDecision,
+    collective_traffic,
+    combined_demand,
     diff_plans,
     plan_fabric,
     plan_topology,
@@ -71,7 +73,7 @@ from .plan_signature import EMPTY_PLAN_ID, PlanCatalog, classify_plan
 from .predictor import DEFAULT_ALGORITHM, PredictorState, new_predictor
 from .predictor import step as step_predictor
 from .preinstall import should_preinstall
-from .traffic import PHASE_DP, PHASE_PP, DemandMatrix, job_traffic
+from .traffic import DemandMatrix
 
 HELD_PLAN = "plan-held"  # what a job's circuits are for when it holds its pp+dp topology
 OFF_TURN = "plan-off-turn"  # a sharing job between its turns: no circuits of its own
@@ -835,13 +837,7 @@ def _with_circuits(
 ) -> tuple[FabricPlan | None, tuple[RoutingDecision, ...]]:
     """The fabric with the job's realised circuits and fresh routing; the headers that changed."""
     cluster = state.cluster
-    traffic = job_traffic(
-        cluster,
-        _job_of(state, jf.job_id),
-        jf.placement,
-        jf.collective.algorithm,
-        dict(jf.collective.root_tors),
-    )
+    traffic = collective_traffic(cluster, _job_of(state, jf.job_id), jf.placement, jf.collective)
     budget = dict(jf.slice.pod_ports) or {p: real.row_sum(p) for p in real.pod_ids}
     routing = route_phases(cluster, jf.job_id, traffic, jf.collective, real, budget)
     old = {r.phase: r for r in jf.routing}
@@ -988,15 +984,8 @@ def free_uplinks(state: ControllerState) -> dict[str, int]:
 
 
 def _job_demand(cluster: Cluster, state: ControllerState, jf: JobFabric) -> DemandMatrix:
-    traffic = job_traffic(
-        cluster,
-        _job_of(state, jf.job_id),
-        jf.placement,
-        jf.collective.algorithm,
-        dict(jf.collective.root_tors),
-    )
-    phases = {t.phase: t.pod_demand for t in traffic}
-    return phases[PHASE_PP].plus(phases[PHASE_DP])
+    traffic = collective_traffic(cluster, _job_of(state, jf.job_id), jf.placement, jf.collective)
+    return combined_demand(traffic)
 
 
 def _compute_s(job: Job) -> float:

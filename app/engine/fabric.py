@@ -297,13 +297,7 @@ def plan_fabric(
         if old is not None and old.slice.mode == MODE_TIME_DIVISION and keep_turns:
             # a job taking turns keeps taking them until a completion frees ports
             ledger = ledger.release(job_id).reserve(cluster, old.collective.grants)
-            traffic = job_traffic(
-                cluster,
-                pj.job,
-                pj.placement,
-                old.collective.algorithm,
-                dict(old.collective.root_tors),
-            )
+            traffic = collective_traffic(cluster, pj.job, pj.placement, old.collective)
             drafts.append(
                 _Draft(
                     pj.job,
@@ -311,7 +305,7 @@ def plan_fabric(
                     old.collective,
                     old.slice,
                     traffic,
-                    _combined(traffic),
+                    combined_demand(traffic),
                     _EMPTY_PLAN,
                     (),
                     None,
@@ -337,9 +331,7 @@ def plan_fabric(
         ledger = ledger.release(job_id)
         choice = choose_collective(cluster, pj.job, pj.placement, ledger)
         ledger = ledger.reserve(cluster, choice.grants)
-        traffic = job_traffic(
-            cluster, pj.job, pj.placement, choice.algorithm, dict(choice.root_tors)
-        )
+        traffic = collective_traffic(cluster, pj.job, pj.placement, choice)
         phases = {t.phase: t.pod_demand for t in traffic}
         combined = phases[PHASE_PP].plus(phases[PHASE_DP])
         if allocation is not None:
@@ -518,19 +510,37 @@ TURNS_REASON = "uplink ports of its pods are all in minimal slices: takes turns 
 def _taking_turns(cluster: Cluster, d: _Draft) -> _Draft:
     traffic = _draft_traffic(cluster, d)
     slc = JobSlice(d.job.job_id, MODE_TIME_DIVISION, (), TURNS_REASON)
+    return _on_slice(d, slc, traffic)
+
+
+def collective_traffic(
+    cluster: Cluster, job: Job, placement: Placement, collective: CollectiveChoice
+) -> tuple[PhaseTraffic, ...]:
+    """The job's phases under the collective chosen for it (INC roots included)."""
+    return job_traffic(cluster, job, placement, collective.algorithm, dict(collective.root_tors))
+
+
+def _on_slice(d: _Draft, slc: JobSlice, traffic: tuple[PhaseTraffic, ...]) -> _Draft:
+    """The draft on another slice, to be planned afresh there."""
     return _Draft(
-        d.job, d.placement, d.collective, slc, traffic, _combined(traffic), _EMPTY_PLAN, (), None
+        d.job,
+        d.placement,
+        d.collective,
+        slc,
+        traffic,
+        combined_demand(traffic),
+        _EMPTY_PLAN,
+        (),
+        None,
     )
 
 
 def _draft_traffic(cluster: Cluster, d: _Draft) -> tuple[PhaseTraffic, ...]:
-    return d.traffic or job_traffic(
-        cluster, d.job, d.placement, d.collective.algorithm, dict(d.collective.root_tors)
-    )
+    return d.traffic or collective_traffic(cluster, d.job, d.placement, d.collective)
 
 
 def _min_ports(cluster: Cluster, d: _Draft) -> dict[str, int]:
-    combined = d.combined if d.combined.pod_ids else _combined(_draft_traffic(cluster, d))
+    combined = d.combined if d.combined.pod_ids else combined_demand(_draft_traffic(cluster, d))
     return _peers(combined)
 
 
@@ -540,9 +550,7 @@ def _shrunk(cluster: Cluster, d: _Draft, pod: str, ports: int) -> _Draft:
     quota = dict(d.slice.pod_ports)
     quota[pod] -= ports
     slc = JobSlice(d.job.job_id, MODE_ISOLATED, tuple(sorted(quota.items())), "vClos slice")
-    return _Draft(
-        d.job, d.placement, d.collective, slc, traffic, _combined(traffic), _EMPTY_PLAN, (), None
-    )
+    return _on_slice(d, slc, traffic)
 
 
 def _restrict(demand: DemandMatrix) -> DemandMatrix:
@@ -570,13 +578,11 @@ def _replace_plan(
 def _finish(cluster: Cluster, d: _Draft, real: PodCircuits) -> JobFabric:
     """Evaluate the job on its realised circuits and write its routing headers."""
     job_id = d.job.job_id
-    traffic = d.traffic or job_traffic(
-        cluster, d.job, d.placement, d.collective.algorithm, dict(d.collective.root_tors)
-    )
+    traffic = _draft_traffic(cluster, d)
     budget = dict(d.slice.pod_ports) or {p: real.row_sum(p) for p in real.pod_ids}
     plan = d.plan
     if d.slice.mode == MODE_ISOLATED:
-        combined = d.combined if d.combined.pod_ids else _combined(traffic)
+        combined = d.combined if d.combined.pod_ids else combined_demand(traffic)
         plan = evaluate_circuits(_restrict(combined), real, budget, cluster.nic_gbps)
     choice = d.collective
     if d.slice.mode != MODE_NONE:
@@ -623,7 +629,8 @@ def route_phases(
     return tuple(routing)
 
 
-def _combined(traffic: Sequence[PhaseTraffic]) -> DemandMatrix:
+def combined_demand(traffic: Sequence[PhaseTraffic]) -> DemandMatrix:
+    """A job's pp and dp phases together: what its held topology serves."""
     phases = {t.phase: t.pod_demand for t in traffic}
     return phases[PHASE_PP].plus(phases[PHASE_DP])
 

@@ -33,10 +33,10 @@ from __future__ import annotations
 import hashlib
 import struct
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-from app.engine.cluster import Cluster
+from app.engine.cluster import Cluster, Server
 from app.engine.traffic import Flow
 
 DEFAULT_SPINES = 8  # aggregation switches per pod
@@ -91,17 +91,22 @@ def spray_flows(
     limited only by each ToR's and each pod's total uplink capacity.
     """
     load: dict[tuple[str, ...], float] = defaultdict(float)
-    for f in flows:
-        if not (cluster.has_server(f.src) and cluster.has_server(f.dst)):
-            continue
-        a, b = cluster.server(f.src), cluster.server(f.dst)
-        if a.pod_id == b.pod_id:
-            continue
+    for f, a, b in _inter_pod(cluster, flows):
         load[("tor-up-all", a.tor_id)] += f.size_bytes
         load[("pod-up", a.pod_id)] += f.size_bytes
         load[("pod-down", b.pod_id)] += f.size_bytes
         load[("tor-down-all", b.tor_id)] += f.size_bytes
     return dict(load)
+
+
+def _inter_pod(cluster: Cluster, flows: Iterable[Flow]) -> Iterator[tuple[Flow, Server, Server]]:
+    """Flows between servers of different pods, with their two servers (others skipped)."""
+    for f in flows:
+        if not (cluster.has_server(f.src) and cluster.has_server(f.dst)):
+            continue
+        a, b = cluster.server(f.src), cluster.server(f.dst)
+        if a.pod_id != b.pod_id:
+            yield f, a, b
 
 
 def hash_flows(
@@ -121,12 +126,7 @@ def hash_flows(
     rails = subflows or cluster.gpus_per_server
     load: dict[tuple[str, ...], float] = defaultdict(float)
     s_count = shape.spines
-    for f in flows:
-        if not (cluster.has_server(f.src) and cluster.has_server(f.dst)):
-            continue
-        a, b = cluster.server(f.src), cluster.server(f.dst)
-        if a.pod_id == b.pod_id:
-            continue
+    for f, a, b in _inter_pod(cluster, flows):
         per = f.size_bytes / rails
         l_src = shape.per_spine(a.pod_id)
         u_dst = shape.uplinks[b.pod_id]
