@@ -41,8 +41,8 @@ from app.sim.families import FAMILIES, FAMILY_GPU, generate, jitter
 from app.sim.report import aggregate, coinciding, evaluation_table, summarize
 from app.sim.simulator import simulate
 
-POLICIES = ("ideal", "spray", "ecmp", "static", "reactive", "lightpath")
-ELECTRICAL = ("ideal", "spray", "ecmp")
+POLICIES = ("ideal", "spray", "spray-same-cost", "ecmp", "static", "reactive", "lightpath")
+ELECTRICAL = ("ideal", "spray", "spray-same-cost", "ecmp")
 LATENCIES_MS = (25.0, 1.0, 100.0, 10.0)  # 25 ms first: the reference column
 LOAD = 1.2
 GENERATION_SEED = 1

@@ -41,7 +41,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from .circuits import PodCircuits
@@ -240,6 +240,12 @@ class _Job:
         if self.ideal_s <= 0:
             return 1.0
         return (self.d.compute_s + self.net_s(self.have, port_bps)) / self.ideal_s
+
+    def pair_slowdown(self, pair: tuple[str, str], circuits: int, port_bps: float) -> float:
+        """The slowdown the job would have if `pair` were its only constraint."""
+        if self.ideal_s <= 0:
+            return 1.0
+        return (self.d.compute_s + self.bytes[pair] / (circuits * port_bps)) / self.ideal_s
 
     def bottleneck(self) -> tuple[str, str] | None:
         """The pair with the longest time that is still below its cap."""
@@ -510,8 +516,13 @@ def allocate_ports(
             )
             or (
                 arrival
-                and _shrink_for(ports, circuits, work, isolated, short, port_bps)
-                and (taken := _take_all(ports, short))
+                and (
+                    taken := _take_all(
+                        ports,
+                        short,
+                        lambda pair: _shrink_for(ports, circuits, work, isolated, [pair], port_bps),
+                    )
+                )
             )
         ):
             mine = circuits.setdefault(d.job_id, {})
@@ -832,11 +843,22 @@ def _pool_pair(pool: Mapping[tuple[str, str, str], int], a: str, b: str) -> int:
     return sum(n for (_, x, y), n in pool.items() if (x, y) == (a, b))
 
 
-def _take_all(ports: _Ports, pairs: Sequence[tuple[str, str]]) -> list[tuple[str, str, str]]:
-    """One circuit on each of `pairs`, all or none (pairs share pods): what was taken."""
+def _take_all(
+    ports: _Ports,
+    pairs: Sequence[tuple[str, str]],
+    make_room: Callable[[tuple[str, str]], bool] | None = None,
+) -> list[tuple[str, str, str]]:
+    """One circuit on each of `pairs`, all or none (pairs share pods): what was taken.
+
+    With `make_room`, a pair with no OXC free on both pods asks it to free one
+    (by shrinking other jobs) before giving up. Pairs are taken one at a time, so
+    the room made for one pair is not counted again for the next on the same pod.
+    """
     taken: list[tuple[str, str, str]] = []
     for a, b in pairs:
         got = ports.take(a, b, 1)
+        if not got and make_room is not None and make_room((a, b)):
+            got = ports.take(a, b, 1)
         if not got:
             for o, x, y in taken:
                 ports.give(o, x, y, 1)
@@ -940,11 +962,10 @@ def _rebalance_for(
         pair = w.bottleneck()
         if pair is None:
             return
-        w.have[pair] += 1
-        gain = w.slowdown(port_bps)  # its slowdown with one more circuit there
-        w.have[pair] -= 1
-        if gain >= w.slowdown(port_bps) - 1e-12:
-            return
+        # the pair's own slowdown with one more circuit: donors give while they stay
+        # below it (the job's slowdown is its slowest pair's, so with several pairs
+        # at one level no single circuit lowers it, yet each is needed)
+        gain = w.pair_slowdown(pair, w.have[pair] + 1, port_bps)
         if not ports.room(*pair) and not _shrink_for(
             ports, circuits, work, donors, [pair], port_bps, below=gain
         ):

@@ -349,6 +349,9 @@ def _add_spare_circuits(
     n = len(pods)
     best = evaluate_circuits(demand, _to_circuits(pods, c), ports, port_gbps, window_s)
     active = {i for i in range(n) if any(demand.bytes[i]) or any(r[i] for r in demand.bytes)}
+    bw = port_gbps * 1e9 / 8
+    d = [list(r) for r in demand.bytes]
+    cap = [[c[a][b] * bw for b in range(n)] for a in range(n)]
     for _ in range(rounds):
         spare = [i for i in range(n) if ports.get(pods[i], 0) > sum(c[i])]
         cands = [(i, j) for i in spare for j in spare if i < j and (i in active or j in active)]
@@ -356,6 +359,16 @@ def _add_spare_circuits(
             break
         pick: tuple[int, int] | None = None
         for i, j in cands:
+            # one routing check at the time to beat rules out most candidates
+            # before the full bisection (routing within capacity * t is monotone in t)
+            beat = best.completion_s * (1 - 1e-6)
+            cap[i][j] += bw
+            cap[j][i] += bw
+            helps = math.isinf(beat) or _route_at(d, cap, beat) is not None
+            cap[i][j] -= bw
+            cap[j][i] -= bw
+            if not helps:
+                continue
             c[i][j] += 1
             c[j][i] += 1
             trial = evaluate_circuits(demand, _to_circuits(pods, c), ports, port_gbps, window_s)
@@ -367,7 +380,16 @@ def _add_spare_circuits(
             break
         c[pick[0]][pick[1]] += 1
         c[pick[1]][pick[0]] += 1
+        cap[pick[0]][pick[1]] += bw
+        cap[pick[1]][pick[0]] += bw
     return best
+
+
+# plan_circuits is pure and the same job's demand on the same budget comes back
+# often (re-allocations that leave a job unchanged, per-phase plans, a job's
+# repeated phases): remembered plans, dropped wholesale when this many are held
+_PLAN_MEMO_SIZE = 4096
+_PLAN_MEMO: dict[tuple[object, ...], CircuitPlan] = {}
 
 
 def plan_circuits(
@@ -384,6 +406,31 @@ def plan_circuits(
     two-hop routing gains; ties go to water-filling. With at most `lp_max_pods`
     active pods the final routing is the optimal LP on the chosen circuits.
     """
+    key = (
+        demand,
+        tuple(sorted((p, n) for p, n in ports.items() if p in demand.pod_ids)),
+        port_gbps,
+        window_s,
+        improve_rounds,
+        lp_max_pods,
+    )
+    hit = _PLAN_MEMO.get(key)
+    if hit is None:
+        hit = _plan_circuits(demand, ports, port_gbps, window_s, improve_rounds, lp_max_pods)
+        if len(_PLAN_MEMO) >= _PLAN_MEMO_SIZE:
+            _PLAN_MEMO.clear()
+        _PLAN_MEMO[key] = hit
+    return hit
+
+
+def _plan_circuits(
+    demand: DemandMatrix,
+    ports: Mapping[str, int],
+    port_gbps: float,
+    window_s: float | None,
+    improve_rounds: int,
+    lp_max_pods: int,
+) -> CircuitPlan:
     pods = demand.pod_ids
     n = len(pods)
     weight = {

@@ -72,7 +72,7 @@ from .job import Collective, Job, Placement
 from .plan_signature import EMPTY_PLAN_ID, PlanCatalog, classify_plan
 from .predictor import DEFAULT_ALGORITHM, PredictorState, new_predictor
 from .predictor import step as step_predictor
-from .preinstall import should_preinstall
+from .preinstall import gap_before_s, should_preinstall
 from .traffic import DemandMatrix
 
 HELD_PLAN = "plan-held"  # what a job's circuits are for when it holds its pp+dp topology
@@ -212,6 +212,7 @@ class JobCycle:
     circuits: Mapping[str, PodCircuits] = field(default_factory=dict)  # own plan per plan id
     gains: Mapping[str, float] = field(default_factory=dict)  # held time / own time - 1
     arrivals: tuple[float, ...] = ()
+    ends: tuple[float, ...] = ()  # when each of those phases was seen to end
     installs: tuple[Install, ...] = ()
     waiting: tuple[WaitingPhase, ...] = ()
     fits: tuple[bool, ...] = ()  # did each recent rewiring fit its gap
@@ -717,8 +718,11 @@ def _observed(
     cycle = _score(cycle, plan_id, e.started_at_s)
     predictor, outcome = step_predictor(cycle.predictor, plan_id)
     arrivals = (cycle.arrivals + (e.started_at_s,))[-ARRIVALS_KEPT:]
+    ends = (cycle.ends + (e.at_s,))[-ARRIVALS_KEPT:]
     confirmed = cycle.confirmed_period or (outcome.hit and predictor.period is not None)
-    cycle = replace(cycle, predictor=predictor, arrivals=arrivals, confirmed_period=confirmed)
+    cycle = replace(
+        cycle, predictor=predictor, arrivals=arrivals, ends=ends, confirmed_period=confirmed
+    )
     target, fits = _next_target(state, jf, cycle, e.at_s)
     if fits is not None:
         period = predictor.period or 1
@@ -801,7 +805,46 @@ def _next_target(
         return None, False  # keep what is installed: a rewiring now would be exposed
     if not all(cycle.fits) and wanted != HELD_PLAN:
         return HELD_PLAN, True  # a rewiring missed its gap lately: hold until they fit again
+    if wanted != HELD_PLAN and not _way_back(state, jf, cycle, wanted):
+        # the phase after this one would run on `wanted`'s circuits and lose there
+        # more than `wanted` gains: a one-way rewiring costs more than it saves
+        return (HELD_PLAN, True) if cycle.target != HELD_PLAN else (HELD_PLAN, None)
     return wanted, True
+
+
+def _way_back(state: ControllerState, jf: JobFabric, cycle: JobCycle, wanted: str) -> bool:
+    """Does rewiring for `wanted` pay, counting the phase after it?
+
+    The next busy phase after `wanted` either fits its own rewiring in the gap
+    before it (the last phase's end to its start, from past cycles), or runs on
+    `wanted`'s circuits; then the seconds it loses there against the held
+    topology must be fewer than the seconds `wanted` gains on its own circuits.
+    """
+    predictor = cycle.predictor
+    queue = predictor.queue
+    ahead, follow = next(
+        ((i, q) for i, q in enumerate(queue) if i >= 1 and q != EMPTY_PLAN_ID), (0, wanted)
+    )
+    if follow == wanted:
+        return True
+    gap = gap_before_s(cycle.arrivals, cycle.ends, ahead, predictor.period)
+    reconfig_s = (state.config.reconfig_ms + state.config.guard_ms) / 1000.0
+    if gap is not None and gap >= reconfig_s:
+        return True
+    after, mine = cycle.demands.get(follow), cycle.demands.get(wanted)
+    circuits = cycle.circuits.get(wanted)
+    if after is None or mine is None or circuits is None:
+        return False
+    budget = dict(jf.slice.pod_ports)
+    nic = state.cluster.nic_gbps
+
+    def seconds(demand: DemandMatrix, on: PodCircuits) -> float:
+        matrix = DemandMatrix.from_pairs(demand.pairs())
+        return evaluate_circuits(matrix, on, budget, nic).completion_s
+
+    gain = seconds(mine, jf.plan.circuits) - seconds(mine, circuits)
+    loss = seconds(after, circuits) - seconds(after, jf.plan.circuits)
+    return gain > loss
 
 
 def _rewire(

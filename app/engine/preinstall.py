@@ -61,6 +61,30 @@ def estimate_next_phase_start(
     return arrivals_s[-1] + statistics.median(recent)
 
 
+def gap_before_s(
+    starts_s: Sequence[float], ends_s: Sequence[float], ahead: int, period: int | None
+) -> float | None:
+    """The idle time before phase n + `ahead` (n = phases seen), from past cycles.
+
+    The gap between a phase's predecessor ending and the phase starting, read at
+    its counterparts one, two, three periods back (the shortest wins, as above);
+    None without a period or when no counterpart was seen.
+    """
+    n = min(len(starts_s), len(ends_s))
+    if period is None or period < 1 or n < 2:
+        return None
+    starts_s, ends_s = starts_s[-n:], ends_s[-n:]
+    gaps = []
+    for k in range(1, CYCLES_CONSULTED + 1):
+        i = n + ahead - k * period
+        if i > n - 1:
+            continue
+        if i < 1:
+            break
+        gaps.append(starts_s[i] - ends_s[i - 1])
+    return max(0.0, min(gaps)) if gaps else None
+
+
 def should_preinstall(
     arrivals_s: Sequence[float],
     now_s: float,

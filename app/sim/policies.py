@@ -53,7 +53,14 @@ from app.engine.predictor import LIGHTPATH, SEED
 from app.engine.rewiring_rules import HELD_TOPOLOGY
 from app.engine.traffic import ALGO_RING, PHASE_DP, PHASE_PP, DemandMatrix, job_traffic
 
-from .ecmp import ClosShape, hash_flows, link_capacity_bps, links_time_s, spray_flows
+from .ecmp import (
+    SAME_COST_CAPACITY,
+    ClosShape,
+    hash_flows,
+    link_capacity_bps,
+    links_time_s,
+    spray_flows,
+)
 from .rewiring import (
     NO_REWIRING,
     PhaseSlot,
@@ -68,6 +75,7 @@ IDEAL = "ideal"
 ECMP = "ecmp"
 ECMP_POLARISED = "ecmp-polarised"
 SPRAY = "spray"
+SPRAY_SAME_COST = "spray-same-cost"
 STATIC = "static"
 REACTIVE = "reactive"
 LIGHTPATH_POLICY = "lightpath"
@@ -75,6 +83,7 @@ LIGHTPATH_SEED = "lightpath-seed"
 POLICIES = (
     IDEAL,
     SPRAY,
+    SPRAY_SAME_COST,
     ECMP,
     ECMP_POLARISED,
     STATIC,
@@ -82,7 +91,7 @@ POLICIES = (
     LIGHTPATH_POLICY,
     LIGHTPATH_SEED,
 )
-ELECTRICAL = (ECMP, ECMP_POLARISED, SPRAY)
+ELECTRICAL = (ECMP, ECMP_POLARISED, SPRAY, SPRAY_SAME_COST)
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,11 +111,17 @@ SPECS: dict[str, PolicySpec] = {
     ECMP: PolicySpec(ECMP, False, False, False, None, False),
     ECMP_POLARISED: PolicySpec(ECMP_POLARISED, False, False, False, None, False),
     SPRAY: PolicySpec(SPRAY, False, False, False, None, False),
+    SPRAY_SAME_COST: PolicySpec(SPRAY_SAME_COST, False, False, False, None, False),
     STATIC: PolicySpec(STATIC, True, False, False, None, False),
     REACTIVE: PolicySpec(REACTIVE, True, False, True, None, False),
     LIGHTPATH_POLICY: PolicySpec(LIGHTPATH_POLICY, True, True, True, LIGHTPATH, True),
     LIGHTPATH_SEED: PolicySpec(LIGHTPATH_SEED, True, True, True, SEED, True),
 }
+
+
+def core_capacity(policy: str) -> float:
+    """An electrical policy's core uplinks over the optical layer's (1: the same)."""
+    return SAME_COST_CAPACITY if policy == SPRAY_SAME_COST else 1.0
 
 
 def spec_of(name: str) -> PolicySpec:
@@ -278,7 +293,7 @@ def profile_ecmp(ctx: FabricContext, job: Job, placement: Placement, iterations:
     costs, _ = estimate_costs(cluster, job, placement, AggregatorLedger(), None)
     dp_base = costs[algorithm] if job.parallelism.dp > 1 else 0.0
     traffic = {t.phase: t for t in job_traffic(cluster, job, placement, algorithm)}
-    if ctx.spec.name == SPRAY:
+    if ctx.spec.name in (SPRAY, SPRAY_SAME_COST):
         pp_load = spray_flows(cluster, clos, traffic[PHASE_PP].flows)
         dp_load = spray_flows(cluster, clos, traffic[PHASE_DP].flows)
     else:

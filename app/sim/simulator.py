@@ -57,13 +57,14 @@ from .policies import (
     FabricContext,
     JobProfile,
     as_submitted,
+    core_capacity,
     fabric_key,
     profile_ecmp,
     profile_ideal,
     profile_optical,
     spec_of,
 )
-from .timing import pipeline_span_s
+from .timing import pipeline_span_s, with_stated_compute
 from .workload import WorkloadJob
 
 _ARRIVAL, _ITERATION, _COMPLETION = 1, 0, 0  # completions/iterations before arrivals
@@ -184,7 +185,9 @@ class Simulation:
             self.spec,
             self.reconfig_ms,
             seed,
-            clos_shape(cluster, ecmp_spines) if self.spec.name in ELECTRICAL else None,
+            clos_shape(cluster, ecmp_spines, core_capacity(self.spec.name))
+            if self.spec.name in ELECTRICAL
+            else None,
             self.gpu,
         )
         self.free: set[str] = set(cluster.server_ids)
@@ -218,6 +221,7 @@ class Simulation:
         started = time.perf_counter()
         for i, entry in enumerate(self.workload):
             job = replace(as_submitted(entry.job, self.spec), submitted_order=i)
+            job = with_stated_compute(job, self.cluster.gpus_per_server, self.gpu)
             self.entries[job.job_id] = entry
             self.results[job.job_id] = JobResult(
                 job.job_id, job.servers_needed, entry.arrival_s, entry.iterations

@@ -27,11 +27,11 @@ Pure functions; no I/O.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from app.engine.collective import ALPHA_RING_S, gbps_to_bytes_per_s, ring_time_s
 from app.engine.gpu_profiles import forward_share, gpu_profile, megatron_flops
-from app.engine.job import Job
+from app.engine.job import ComputeTimes, Job
 from app.engine.traffic import gradient_bytes, resolve_facts
 
 DEFAULT_GPU_TFLOPS = 140.0  # the from-trace importer's rate when a row states none
@@ -88,6 +88,19 @@ def stage_compute(
         backward = c.microbatch_backward_s if c.microbatch_backward_s is not None else backward
         optimizer = c.optimizer_s if c.optimizer_s is not None else optimizer
     return forward, backward, optimizer
+
+
+def with_stated_compute(
+    job: Job, gpus_per_server: int = DEFAULT_GPUS_PER_SERVER, gpu: str | None = None
+) -> Job:
+    """The job as a launcher that profiled its step submits it: compute times stated.
+
+    The times are `stage_compute`'s, so the simulated iteration does not change;
+    the fabric controller sees them as the live service would (`POST /v1/jobs`
+    `compute`) and weighs each job's network time against its compute.
+    """
+    forward, backward, optimizer = stage_compute(job, gpus_per_server=gpus_per_server, gpu=gpu)
+    return replace(job, compute=ComputeTimes(forward, backward, optimizer))
 
 
 @dataclass(frozen=True, slots=True)

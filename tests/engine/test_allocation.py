@@ -279,3 +279,70 @@ def test_a_chain_job_holds_spare_ports_for_its_phase_topologies() -> None:
     assert all(n >= 1 for n in ja2.pair_circuits().values())
     assert jb.estimated_slowdown >= ja2.estimated_slowdown  # it took only while ahead
     _check_budgets(cluster, after)
+
+
+@st.composite
+def arrivals_with_room(draw: st.DrawFn) -> tuple[Cluster, list[JobDemand]]:
+    """Jobs that each want every port of their pods, where every OXC has more ports
+    per pod than there are pod pairs in all jobs together (minimums always fit)."""
+    pods = draw(st.integers(3, 5))
+    oxcs = draw(st.integers(1, 3))
+    names = [f"pod-{i}" for i in range(pods)]
+    demands = []
+    for i in range(draw(st.integers(2, 6))):
+        chosen = sorted(draw(st.lists(st.sampled_from(names), min_size=2, max_size=3, unique=True)))
+        pairs = [
+            (chosen[x], chosen[y], float(draw(st.integers(1, 100)) * 1e9))
+            for x in range(len(chosen))
+            for y in range(x + 1, len(chosen))
+        ]
+        demands.append(JobDemand(f"j{i}", tuple(pairs), (), 1.0))
+    per_oxc = sum(len(d.pair_bytes) for d in demands) + 1
+    cluster = _cluster(pods, oxcs, per_oxc)
+    everything = per_oxc * oxcs
+    demands = [
+        JobDemand(d.job_id, d.pair_bytes, tuple((p, everything) for p in d.pods), d.compute_s)
+        for d in demands
+    ]
+    return cluster, demands
+
+
+@settings(max_examples=150, deadline=None)
+@given(arrivals_with_room())
+def test_an_arrival_on_pods_others_fill_gets_circuits_of_its_own(
+    case: tuple[Cluster, list[JobDemand]],
+) -> None:
+    # earlier jobs water-fill every port of their pods; a later job on those pods
+    # (and on a free one) must still get one circuit per pair, by shrinking them
+    cluster, demands = case
+    alloc: PortAllocation | None = None
+    for k in range(1, len(demands) + 1):
+        alloc = allocate_ports(cluster, demands[:k], previous=alloc)
+        _check_budgets(cluster, alloc)
+        for d in demands[:k]:
+            ja = alloc.job(d.job_id)
+            assert ja is not None and ja.mode == MODE_ISOLATED, (d.job_id, ja)
+            have = ja.pair_circuits()
+            assert all(have.get((a, b), 0) >= 1 for a, b, _ in d.pair_bytes)
+
+
+def test_an_arrival_takes_a_fair_share_from_a_job_holding_its_pods() -> None:
+    # x holds every port of pods 0 and 1; y spans pods 0, 1 and 2 with three equal
+    # pairs: y takes circuits from x until x would be as slowed as y
+    cluster = _cluster(3, 2, 24)  # 48 ports per pod
+    x = JobDemand("x", (("pod-0", "pod-1", 48e9),), (("pod-0", 48), ("pod-1", 48)), 1.0)
+    y = JobDemand(
+        "y",
+        (("pod-0", "pod-1", 20e9), ("pod-0", "pod-2", 20e9), ("pod-1", "pod-2", 20e9)),
+        (("pod-0", 48), ("pod-1", 48), ("pod-2", 48)),
+        1.0,
+    )
+    first = allocate_ports(cluster, [x])
+    assert first.job("x").pair_circuits() == {("pod-0", "pod-1"): 48}  # type: ignore[union-attr]
+    after = allocate_ports(cluster, [x, y], previous=first)
+    ax, ay = after.job("x"), after.job("y")
+    assert ax is not None and ay is not None
+    assert ay.mode == MODE_ISOLATED
+    assert min(ay.pair_circuits().values()) > 1
+    # neither is left far more slowed than the other
+    assert ay.estimated_slowdown <= 1.25 * ax.estimated_slowdown

@@ -156,3 +156,21 @@ def test_completion_grows_the_survivor() -> None:
     old = before.job_fabric("b")
     assert old is not None
     assert jf.plan.circuits.total > old.plan.circuits.total
+
+
+def test_no_one_way_rewiring_when_the_way_back_has_no_gap() -> None:
+    # PP runs 0.4 s and DP starts the moment it ends (its buckets went out during the
+    # last backward), then 50 ms of compute before the next PP: a rewiring fits before
+    # PP but not back before DP, and PP's circuits cannot carry DP at all. Rewiring
+    # to PP's topology would leave every DP phase on the wrong circuits: hold instead.
+    pj = cross_job("a")
+    events: list[Event] = [placed(pj)]
+    for k in range(40):
+        t = 1.0 + 0.5 * k
+        events.append(PhaseObserved("a", PP, t, t + 0.4))
+        events.append(PhaseObserved("a", DP, t + 0.4, t + 0.45))
+    result = replay_trace(SMALL, CONFIG, events)
+    acc = result.accounting("a")
+    assert acc.hits + acc.held + acc.misses == 80
+    assert acc.misses <= 2, acc
+    assert acc.held >= 78
