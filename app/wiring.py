@@ -251,6 +251,9 @@ def build_worker_runtime(settings: Settings, cluster: Cluster) -> Runtime:
     runtime.thread_init = fence.bind_current_thread
     worker = runtime.worker
     assert worker is not None
+    assert runtime.controller is not None
+    # every southbound command carries the lease's token; the switches refuse older ones
+    runtime.controller.token = lambda: lease.token
 
     def elected(token: int | None) -> None:
         metrics.is_leader.set(1)
