@@ -68,6 +68,11 @@ class Settings(BaseSettings):
     retain_outbox_s: float = Field(
         3600.0, gt=0, description="published outbox rows older than this are deleted"
     )
+    retain_jobs_s: float = Field(
+        30 * 86400.0,
+        gt=0,
+        description="ended jobs (and their prediction rows) are deleted this long after ending",
+    )
     retention_interval_s: float = Field(
         60.0, gt=0, description="the leader runs retention at most this often"
     )

@@ -166,6 +166,7 @@ def attach_worker(
             reports_s=settings.retain_reports_s,
             idempotency_s=settings.idempotency_window_s,
             outbox_s=settings.retain_outbox_s,
+            jobs_s=settings.retain_jobs_s,
         ),
     )
     fabric.retention_interval_s = settings.retention_interval_s
