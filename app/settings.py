@@ -26,6 +26,13 @@ class Settings(BaseSettings):
 
     database_url: str = DEFAULT_SQLITE
     redis_url: str | None = None
+    redis_prefix: str = Field(
+        "lightpath",
+        min_length=1,
+        max_length=64,
+        pattern=r"^[A-Za-z0-9_.:-]+$",
+        description="names every Redis key and channel (stream, lease, change notices)",
+    )
     southbound_url: str | None = None
     api_tokens: SecretStr | None = None
     southbound_token: SecretStr | None = Field(

@@ -197,7 +197,7 @@ def build_bus(settings: Settings) -> Any:
     if settings.redis_url:
         from app.bus.redis_streams import RedisStreamsBus
 
-        return RedisStreamsBus(settings.redis_url)
+        return RedisStreamsBus(settings.redis_url, prefix=settings.redis_prefix)
     return InProcessBus()
 
 
@@ -244,7 +244,11 @@ def build_worker_runtime(settings: Settings, cluster: Cluster) -> Runtime:
     runtime = Runtime(services, None)
     metrics = WorkerMetrics(registry)
     attach_worker(runtime, settings, cluster, store, bus, driver, metrics)
-    lease = RedisLease(settings.redis_url) if settings.redis_url else LocalLease()
+    lease = (
+        RedisLease(settings.redis_url, f"{settings.redis_prefix}:worker-leader")
+        if settings.redis_url
+        else LocalLease()
+    )
     # every transaction of the worker and switch threads carries the lease's token
     fence = Fence(
         store.write_engine, lambda: lease.token, advance=getattr(lease, "advance_past", None)

@@ -146,3 +146,26 @@ def test_ended_jobs_go_with_their_prediction_rows_after_the_jobs_window(store: S
     assert sizes["jobs"] == 3 and sizes["predictions"] == 2
     # a shorter window takes the recent one too
     assert Retention(store, RetentionPolicy(jobs_s=3600.0)).run()["jobs"] == 1
+
+
+def test_an_idempotency_key_is_forgotten_after_its_window(store: Store) -> None:
+    from sqlalchemy import update
+
+    from app.store.traffic_repository import TrafficRepository
+
+    traffic = TrafficRepository(store)
+    try:
+        batch = [{"phase_started_at": 1.0, "demands": [["a", "b", 1.0]]}]
+        first = traffic.ingest(batch, "key-1")
+        assert traffic.ingest(batch, "key-1") == first  # a retry within the window
+        window = RetentionPolicy(idempotency_s=3600.0)
+        assert Retention(store, window).run()["traffic_batches"] == 0
+        with store.write_engine.begin() as conn:  # the key's batch is now two hours old
+            conn.execute(
+                update(t.traffic_batches).values(received_at=utcnow() - dt.timedelta(hours=2))
+            )
+        assert Retention(store, window).run()["traffic_batches"] == 1
+        again = traffic.ingest(batch, "key-1")  # after the window: stored as a new batch
+        assert again[0] == 1 and again[1] > first[1]
+    finally:
+        traffic.close()
