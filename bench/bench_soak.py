@@ -18,7 +18,10 @@ Load, for `--seconds`:
   resumed; at 2/3 the leader is SIGKILLed and restarted. Takeover = time from
   the signal until the other worker reports itself leader.
 
-Printed: p50/p99 per endpoint, 5xx count, placements per second, takeovers,
+Printed: p50/p99 per endpoint, POST /v1/jobs split by answer (201 placed, 202
+queued) and by whether it overlapped a takeover window (signal until the other
+worker leads: nothing can decide, so the API waits its admit wait), 5xx
+count, placements per second, takeovers,
 RSS of api and workers after warm-up and at the end, table sizes at the start
 and the end, and the load average (the machine is shared). Targets from
 issue 15: no 5xx, takeover <= TTL + 2 s, tables within retention, flat memory.
@@ -68,6 +71,10 @@ class Stats:
         self.status: dict[str, dict[int, int]] = defaultdict(lambda: defaultdict(int))
         self.errors: list[str] = []
         self.unplaced = 0  # jobs not placed within the launcher's 20 s wait (then cancelled)
+        # POST /v1/jobs: (sent at, seconds, status), to split the tail by outcome and by
+        # whether a leader was in place (takeover windows)
+        self.submits: list[tuple[float, float, int]] = []
+        self.leaderless: list[tuple[float, float]] = []  # (signal, new leader seen)
 
     def call(self, client: httpx.Client, name: str, method: str, path: str, **kw: Any) -> Any:
         """One request, retried on connection errors (the api never dies here)."""
@@ -84,6 +91,8 @@ class Stats:
             with self.lock:
                 self.latency[name].append(took)
                 self.status[name][r.status_code] += 1
+                if name == "POST /v1/jobs":
+                    self.submits.append((time.monotonic() - took, took, r.status_code))
             if r.status_code == 503:
                 time.sleep(float(r.headers.get("retry-after", "1")))
                 continue
@@ -99,6 +108,29 @@ def rss_mb(pid: int) -> float:
     except OSError:
         pass
     return float("nan")
+
+
+def submit_split(stats: Stats) -> dict[str, dict[str, float]]:
+    """POST /v1/jobs latency by answer (201 placed, 202 queued) and by whether the request
+    overlapped a takeover window (no leader: nothing can decide, the API waits its admit wait)."""
+
+    def overlaps(sent: float, took: float) -> bool:
+        return any(sent < end and sent + took > start for start, end in stats.leaderless)
+
+    groups: dict[str, list[float]] = defaultdict(list)
+    for sent, took, status in stats.submits:
+        window = "takeover" if overlaps(sent, took) else "leader"
+        groups[f"{status} {window}"].append(took)
+        groups[f"all {window}"].append(took)
+    return {
+        k: {
+            "n": len(v),
+            "p50_ms": round(percentile(v, 50) * 1000, 1),
+            "p99_ms": round(percentile(v, 99) * 1000, 1),
+            "over_1s": sum(1 for x in v if x > 1.0),
+        }
+        for k, v in sorted(groups.items())
+    }
 
 
 def table_sizes(url: str) -> dict[str, int]:
@@ -280,6 +312,8 @@ def main() -> int:
                 new = leader(exclude=old)
                 time.sleep(0.05)
             takeovers.append((kind, time.monotonic() - signalled if new else float("inf")))
+            with stats.lock:
+                stats.leaderless.append((signalled, time.monotonic()))
             if kind == "stall":
                 time.sleep(max(0.0, 8.0 - (time.monotonic() - signalled)))
                 p.send_signal(signal.SIGCONT)
@@ -319,6 +353,7 @@ def main() -> int:
                 }
                 for name, v in sorted(stats.latency.items())
             },
+            "post_jobs_split": submit_split(stats),
             "server_errors_5xx": sum(
                 n
                 for s in stats.status.values()
