@@ -1,14 +1,16 @@
 """Bounded soak on the full stack: churn, traffic, a stalled leader and a killed one.
 
     .venv/bin/python bench/bench_soak.py [--seconds 120] [--jobs 2000] [--reports 100000]
-                                         [--launchers 16] [--hold-s 1.0] [--redis-db 13]
+                                         [--launchers 16] [--hold-s 1.0] [--redis-db 13] [--no-pace]
 
 mock-oxc, two workers (leader-elected) and one api on a fresh PostgreSQL
 database and Redis database `--redis-db`, with short retention windows
-(reports 30 s, decisions 60 s, idempotency keys 30 s, outbox 10 s; retention
-every 5 s) so a short run shows whether tables stay within them.
+(reports 30 s, decisions 60 s, idempotency keys 30 s, outbox 10 s, ended jobs
+and their prediction rows 60 s; retention every 5 s) so a short run shows
+whether tables stay within them.
 
-Load, for `--seconds`:
+Load, spread over `--seconds` (job k is not submitted before k/jobs of the run,
+report batches likewise; `--no-pace` sends as fast as the launchers go):
 - `--launchers` threads each loop: POST /v1/jobs (2 servers on `small`),
   long-poll until placed, hold `--hold-s`, complete; one job in five is
   cancelled while still queued instead (churn). Up to `--jobs` jobs in all.
@@ -18,12 +20,12 @@ Load, for `--seconds`:
   resumed; at 2/3 the leader is SIGKILLed and restarted. Takeover = time from
   the signal until the other worker reports itself leader.
 
-Printed: p50/p99 per endpoint, POST /v1/jobs split by answer (201 placed, 202
+Printed: p50/p99 per endpoint; POST /v1/jobs split by answer (201 placed, 202
 queued) and by whether it overlapped a takeover window (signal until the other
-worker leads: nothing can decide, so the API waits its admit wait), 5xx
-count, placements per second, takeovers,
-RSS of api and workers after warm-up and at the end, table sizes at the start
-and the end, and the load average (the machine is shared). Targets from
+worker leads: nothing can decide, so the API waits its admit wait); 5xx count,
+placements per second, takeovers; RSS of api and workers after warm-up and at
+the end, table sizes at the start and the end, both every tenth of the run
+(`timeline`); the load average (the machine is shared). Targets from
 issue 15: no 5xx, takeover <= TTL + 2 s, tables within retention, flat memory.
 """
 
@@ -149,6 +151,11 @@ def main() -> int:
     parser.add_argument("--launchers", type=int, default=16)
     parser.add_argument("--hold-s", type=float, default=1.0)
     parser.add_argument("--redis-db", type=int, default=13)
+    parser.add_argument(
+        "--no-pace",
+        action="store_true",
+        help="send jobs and reports as fast as the launchers go (default: spread over --seconds)",
+    )
     parser.add_argument("--logs", help="write each process's log (stderr) under this directory")
     args = parser.parse_args()
 
@@ -172,6 +179,7 @@ def main() -> int:
         LIGHTPATH_RETAIN_DECISIONS_S="60",
         LIGHTPATH_IDEMPOTENCY_WINDOW_S="30",
         LIGHTPATH_RETAIN_OUTBOX_S="10",
+        LIGHTPATH_RETAIN_JOBS_S="60",
         LIGHTPATH_RETENTION_INTERVAL_S="5",
     )
     env.pop("LIGHTPATH_API_TOKENS", None)
@@ -209,6 +217,15 @@ def main() -> int:
     stop = threading.Event()
     jobs_left = [args.jobs]
     reports_done = [0]
+    reports_sent = [0]  # reserved by telemetry threads (pacing)
+    start_at = [time.monotonic()]  # set when the load starts
+
+    def pace(fraction: float) -> None:
+        """Wait until `fraction` of --seconds has passed (the load spans the whole run, both
+        takeovers included), unless --no-pace."""
+        if not args.no_pace:
+            stop.wait(max(0.0, start_at[0] + fraction * args.seconds - time.monotonic()))
+
     takeovers: list[tuple[str, float]] = []
     try:
         subprocess.run([*run, "migrate"], env=env, check=True, capture_output=True)
@@ -235,7 +252,11 @@ def main() -> int:
                     with stats.lock:
                         if jobs_left[0] <= 0:
                             return
+                        slot = args.jobs - jobs_left[0]
                         jobs_left[0] -= 1
+                    pace(slot / args.jobs)
+                    if stop.is_set():
+                        return
                     job_id = f"soak-{k}-{n}"
                     n += 1
                     body = {"job_id": job_id, "parallelism": SMALL}
@@ -261,8 +282,13 @@ def main() -> int:
                 n = 0
                 while not stop.is_set():
                     with stats.lock:
-                        if reports_done[0] >= args.reports:
+                        if reports_done[0] >= args.reports or reports_sent[0] >= args.reports:
                             return
+                        slot = reports_sent[0]
+                        reports_sent[0] += 100
+                    pace(slot / args.reports)
+                    if stop.is_set():
+                        return
                     at = 1_800_000_000.0 + k * 1e6 + n * 100
                     batch = {
                         "reports": [
@@ -290,8 +316,28 @@ def main() -> int:
         ]
         threads += [threading.Thread(target=telemetry, args=(k,), daemon=True) for k in range(2)]
         t0 = time.monotonic()
+        start_at[0] = t0
+        timeline: list[dict[str, Any]] = []
+
+        def sample() -> None:
+            """RSS and table sizes every tenth of the run (at least 30 s apart)."""
+            every = max(30.0, args.seconds / 10)
+            while not stop.wait(every):
+                timeline.append(
+                    {
+                        "t_s": round(time.monotonic() - t0),
+                        "rss_mb": {
+                            k: round(rss_mb(p.pid), 1) for k, p in procs.items() if k != "mock-oxc"
+                        },
+                        "tables": table_sizes(db_url),
+                        "loadavg": Path("/proc/loadavg").read_text().split()[0],
+                    }
+                )
+
+        sampler = threading.Thread(target=sample, daemon=True)
         for th in threads:
             th.start()
+        sampler.start()
         time.sleep(min(10.0, args.seconds / 6))
         rss_start = {k: rss_mb(p.pid) for k, p in procs.items() if k != "mock-oxc"}
         sizes_start = table_sizes(db_url)
@@ -368,6 +414,7 @@ def main() -> int:
             "rss_mb_end": {k: round(v, 1) for k, v in rss_end.items()},
             "tables_start": sizes_start,
             "tables_end": sizes_end,
+            "timeline": timeline,
             "loadavg": Path("/proc/loadavg").read_text().split()[:3],
         }
         print(json.dumps(report, indent=2))
