@@ -26,6 +26,13 @@ class Settings(BaseSettings):
 
     database_url: str = DEFAULT_SQLITE
     redis_url: str | None = None
+    redis_prefix: str = Field(
+        "lightpath",
+        min_length=1,
+        max_length=64,
+        pattern=r"^[A-Za-z0-9_.:-]+$",
+        description="names every Redis key and channel (stream, lease, change notices)",
+    )
     southbound_url: str | None = None
     api_tokens: SecretStr | None = None
     southbound_token: SecretStr | None = Field(
@@ -67,6 +74,11 @@ class Settings(BaseSettings):
     )
     retain_outbox_s: float = Field(
         3600.0, gt=0, description="published outbox rows older than this are deleted"
+    )
+    retain_jobs_s: float = Field(
+        30 * 86400.0,
+        gt=0,
+        description="ended jobs (and their prediction rows) are deleted this long after ending",
     )
     retention_interval_s: float = Field(
         60.0, gt=0, description="the leader runs retention at most this often"

@@ -166,6 +166,7 @@ def attach_worker(
             reports_s=settings.retain_reports_s,
             idempotency_s=settings.idempotency_window_s,
             outbox_s=settings.retain_outbox_s,
+            jobs_s=settings.retain_jobs_s,
         ),
     )
     fabric.retention_interval_s = settings.retention_interval_s
@@ -196,7 +197,7 @@ def build_bus(settings: Settings) -> Any:
     if settings.redis_url:
         from app.bus.redis_streams import RedisStreamsBus
 
-        return RedisStreamsBus(settings.redis_url)
+        return RedisStreamsBus(settings.redis_url, prefix=settings.redis_prefix)
     return InProcessBus()
 
 
@@ -243,7 +244,11 @@ def build_worker_runtime(settings: Settings, cluster: Cluster) -> Runtime:
     runtime = Runtime(services, None)
     metrics = WorkerMetrics(registry)
     attach_worker(runtime, settings, cluster, store, bus, driver, metrics)
-    lease = RedisLease(settings.redis_url) if settings.redis_url else LocalLease()
+    lease = (
+        RedisLease(settings.redis_url, f"{settings.redis_prefix}:worker-leader")
+        if settings.redis_url
+        else LocalLease()
+    )
     # every transaction of the worker and switch threads carries the lease's token
     fence = Fence(
         store.write_engine, lambda: lease.token, advance=getattr(lease, "advance_past", None)
@@ -251,6 +256,9 @@ def build_worker_runtime(settings: Settings, cluster: Cluster) -> Runtime:
     runtime.thread_init = fence.bind_current_thread
     worker = runtime.worker
     assert worker is not None
+    assert runtime.controller is not None
+    # every southbound command carries the lease's token; the switches refuse older ones
+    runtime.controller.token = lambda: lease.token
 
     def elected(token: int | None) -> None:
         metrics.is_leader.set(1)

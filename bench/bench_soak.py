@@ -1,14 +1,16 @@
 """Bounded soak on the full stack: churn, traffic, a stalled leader and a killed one.
 
     .venv/bin/python bench/bench_soak.py [--seconds 120] [--jobs 2000] [--reports 100000]
-                                         [--launchers 16] [--hold-s 1.0] [--redis-db 13]
+                                         [--launchers 16] [--hold-s 1.0] [--redis-db 13] [--no-pace]
 
 mock-oxc, two workers (leader-elected) and one api on a fresh PostgreSQL
 database and Redis database `--redis-db`, with short retention windows
-(reports 30 s, decisions 60 s, idempotency keys 30 s, outbox 10 s; retention
-every 5 s) so a short run shows whether tables stay within them.
+(reports 30 s, decisions 60 s, idempotency keys 30 s, outbox 10 s, ended jobs
+and their prediction rows 60 s; retention every 5 s) so a short run shows
+whether tables stay within them.
 
-Load, for `--seconds`:
+Load, spread over `--seconds` (job k is not submitted before k/jobs of the run,
+report batches likewise; `--no-pace` sends as fast as the launchers go):
 - `--launchers` threads each loop: POST /v1/jobs (2 servers on `small`),
   long-poll until placed, hold `--hold-s`, complete; one job in five is
   cancelled while still queued instead (churn). Up to `--jobs` jobs in all.
@@ -18,9 +20,12 @@ Load, for `--seconds`:
   resumed; at 2/3 the leader is SIGKILLed and restarted. Takeover = time from
   the signal until the other worker reports itself leader.
 
-Printed: p50/p99 per endpoint, 5xx count, placements per second, takeovers,
-RSS of api and workers after warm-up and at the end, table sizes at the start
-and the end, and the load average (the machine is shared). Targets from
+Printed: p50/p99 per endpoint; POST /v1/jobs split by answer (201 placed, 202
+queued) and by whether it overlapped a takeover window (signal until the other
+worker leads: nothing can decide, so the API waits its admit wait); 5xx count,
+placements per second, takeovers; RSS of api and workers after warm-up and at
+the end, table sizes at the start and the end, both every tenth of the run
+(`timeline`); the load average (the machine is shared). Targets from
 issue 15: no 5xx, takeover <= TTL + 2 s, tables within retention, flat memory.
 """
 
@@ -68,6 +73,13 @@ class Stats:
         self.status: dict[str, dict[int, int]] = defaultdict(lambda: defaultdict(int))
         self.errors: list[str] = []
         self.unplaced = 0  # jobs not placed within the launcher's 20 s wait (then cancelled)
+        # jobs seen placed (201, or placed after a 202): counted by the client, since
+        # retention deletes ended job rows during the run
+        self.placed = 0
+        # POST /v1/jobs: (sent at, seconds, status), to split the tail by outcome and by
+        # whether a leader was in place (takeover windows)
+        self.submits: list[tuple[float, float, int]] = []
+        self.leaderless: list[tuple[float, float]] = []  # (signal, new leader seen)
 
     def call(self, client: httpx.Client, name: str, method: str, path: str, **kw: Any) -> Any:
         """One request, retried on connection errors (the api never dies here)."""
@@ -84,6 +96,8 @@ class Stats:
             with self.lock:
                 self.latency[name].append(took)
                 self.status[name][r.status_code] += 1
+                if name == "POST /v1/jobs":
+                    self.submits.append((time.monotonic() - took, took, r.status_code))
             if r.status_code == 503:
                 time.sleep(float(r.headers.get("retry-after", "1")))
                 continue
@@ -99,6 +113,29 @@ def rss_mb(pid: int) -> float:
     except OSError:
         pass
     return float("nan")
+
+
+def submit_split(stats: Stats) -> dict[str, dict[str, float]]:
+    """POST /v1/jobs latency by answer (201 placed, 202 queued) and by whether the request
+    overlapped a takeover window (no leader: nothing can decide, the API waits its admit wait)."""
+
+    def overlaps(sent: float, took: float) -> bool:
+        return any(sent < end and sent + took > start for start, end in stats.leaderless)
+
+    groups: dict[str, list[float]] = defaultdict(list)
+    for sent, took, status in stats.submits:
+        window = "takeover" if overlaps(sent, took) else "leader"
+        groups[f"{status} {window}"].append(took)
+        groups[f"all {window}"].append(took)
+    return {
+        k: {
+            "n": len(v),
+            "p50_ms": round(percentile(v, 50) * 1000, 1),
+            "p99_ms": round(percentile(v, 99) * 1000, 1),
+            "over_1s": sum(1 for x in v if x > 1.0),
+        }
+        for k, v in sorted(groups.items())
+    }
 
 
 def table_sizes(url: str) -> dict[str, int]:
@@ -117,6 +154,11 @@ def main() -> int:
     parser.add_argument("--launchers", type=int, default=16)
     parser.add_argument("--hold-s", type=float, default=1.0)
     parser.add_argument("--redis-db", type=int, default=13)
+    parser.add_argument(
+        "--no-pace",
+        action="store_true",
+        help="send jobs and reports as fast as the launchers go (default: spread over --seconds)",
+    )
     parser.add_argument("--logs", help="write each process's log (stderr) under this directory")
     args = parser.parse_args()
 
@@ -140,6 +182,7 @@ def main() -> int:
         LIGHTPATH_RETAIN_DECISIONS_S="60",
         LIGHTPATH_IDEMPOTENCY_WINDOW_S="30",
         LIGHTPATH_RETAIN_OUTBOX_S="10",
+        LIGHTPATH_RETAIN_JOBS_S="60",
         LIGHTPATH_RETENTION_INTERVAL_S="5",
     )
     env.pop("LIGHTPATH_API_TOKENS", None)
@@ -177,6 +220,15 @@ def main() -> int:
     stop = threading.Event()
     jobs_left = [args.jobs]
     reports_done = [0]
+    reports_sent = [0]  # reserved by telemetry threads (pacing)
+    start_at = [time.monotonic()]  # set when the load starts
+
+    def pace(fraction: float) -> None:
+        """Wait until `fraction` of --seconds has passed (the load spans the whole run, both
+        takeovers included), unless --no-pace."""
+        if not args.no_pace:
+            stop.wait(max(0.0, start_at[0] + fraction * args.seconds - time.monotonic()))
+
     takeovers: list[tuple[str, float]] = []
     try:
         subprocess.run([*run, "migrate"], env=env, check=True, capture_output=True)
@@ -203,13 +255,25 @@ def main() -> int:
                     with stats.lock:
                         if jobs_left[0] <= 0:
                             return
+                        slot = args.jobs - jobs_left[0]
                         jobs_left[0] -= 1
+                    pace(slot / args.jobs)
+                    if stop.is_set():
+                        return
                     job_id = f"soak-{k}-{n}"
                     n += 1
                     body = {"job_id": job_id, "parallelism": SMALL}
-                    stats.call(c, "POST /v1/jobs", "POST", "/v1/jobs", json=body)
+                    posted = stats.call(c, "POST /v1/jobs", "POST", "/v1/jobs", json=body)
+                    if posted.status_code == 201:
+                        with stats.lock:
+                            stats.placed += 1
                     if rng.random() < 0.2:  # churn: cancelled while (probably) queued
-                        stats.call(c, "DELETE /v1/jobs/{id}", "DELETE", f"/v1/jobs/{job_id}")
+                        ended = stats.call(
+                            c, "DELETE /v1/jobs/{id}", "DELETE", f"/v1/jobs/{job_id}"
+                        )
+                        if posted.status_code == 202 and ended.json().get("placed_at"):
+                            with stats.lock:
+                                stats.placed += 1  # placed between the 202 and the cancel
                         continue
                     params = {"wait_for": "placed", "timeout_s": 20}
                     got = stats.call(
@@ -220,6 +284,9 @@ def main() -> int:
                             stats.unplaced += 1
                         stats.call(c, "DELETE /v1/jobs/{id}", "DELETE", f"/v1/jobs/{job_id}")
                         continue
+                    if posted.status_code == 202:
+                        with stats.lock:
+                            stats.placed += 1
                     time.sleep(args.hold_s)
                     stats.call(c, "POST complete", "POST", f"/v1/jobs/{job_id}/complete")
 
@@ -229,8 +296,13 @@ def main() -> int:
                 n = 0
                 while not stop.is_set():
                     with stats.lock:
-                        if reports_done[0] >= args.reports:
+                        if reports_done[0] >= args.reports or reports_sent[0] >= args.reports:
                             return
+                        slot = reports_sent[0]
+                        reports_sent[0] += 100
+                    pace(slot / args.reports)
+                    if stop.is_set():
+                        return
                     at = 1_800_000_000.0 + k * 1e6 + n * 100
                     batch = {
                         "reports": [
@@ -258,8 +330,28 @@ def main() -> int:
         ]
         threads += [threading.Thread(target=telemetry, args=(k,), daemon=True) for k in range(2)]
         t0 = time.monotonic()
+        start_at[0] = t0
+        timeline: list[dict[str, Any]] = []
+
+        def sample() -> None:
+            """RSS and table sizes every tenth of the run (at least 30 s apart)."""
+            every = max(30.0, args.seconds / 10)
+            while not stop.wait(every):
+                timeline.append(
+                    {
+                        "t_s": round(time.monotonic() - t0),
+                        "rss_mb": {
+                            k: round(rss_mb(p.pid), 1) for k, p in procs.items() if k != "mock-oxc"
+                        },
+                        "tables": table_sizes(db_url),
+                        "loadavg": Path("/proc/loadavg").read_text().split()[0],
+                    }
+                )
+
+        sampler = threading.Thread(target=sample, daemon=True)
         for th in threads:
             th.start()
+        sampler.start()
         time.sleep(min(10.0, args.seconds / 6))
         rss_start = {k: rss_mb(p.pid) for k, p in procs.items() if k != "mock-oxc"}
         sizes_start = table_sizes(db_url)
@@ -280,6 +372,8 @@ def main() -> int:
                 new = leader(exclude=old)
                 time.sleep(0.05)
             takeovers.append((kind, time.monotonic() - signalled if new else float("inf")))
+            with stats.lock:
+                stats.leaderless.append((signalled, time.monotonic()))
             if kind == "stall":
                 time.sleep(max(0.0, 8.0 - (time.monotonic() - signalled)))
                 p.send_signal(signal.SIGCONT)
@@ -301,14 +395,12 @@ def main() -> int:
         time.sleep(6)  # one retention interval after the load
         rss_end = {k: rss_mb(p.pid) for k, p in procs.items() if k != "mock-oxc"}
         sizes_end = table_sizes(db_url)
-        with psycopg.connect(db_url) as conn:
-            placed = conn.execute(
-                "SELECT count(*) FROM jobs WHERE placed_at IS NOT NULL"
-            ).fetchone()[0]  # type: ignore[index]
+        placed = stats.placed
         report = {
             "seconds": round(elapsed, 1),
             "jobs_submitted": args.jobs - max(0, jobs_left[0]),
             "reports_acknowledged": reports_done[0],
+            "jobs_placed": placed,
             "placements_per_s": round(placed / elapsed, 2),
             "endpoints": {
                 name: {
@@ -319,6 +411,7 @@ def main() -> int:
                 }
                 for name, v in sorted(stats.latency.items())
             },
+            "post_jobs_split": submit_split(stats),
             "server_errors_5xx": sum(
                 n
                 for s in stats.status.values()
@@ -333,6 +426,7 @@ def main() -> int:
             "rss_mb_end": {k: round(v, 1) for k, v in rss_end.items()},
             "tables_start": sizes_start,
             "tables_end": sizes_end,
+            "timeline": timeline,
             "loadavg": Path("/proc/loadavg").read_text().split()[:3],
         }
         print(json.dumps(report, indent=2))

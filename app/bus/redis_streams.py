@@ -97,14 +97,17 @@ class RedisStreamsBus:
         self,
         redis_url: str,
         *,
-        stream: str = "lightpath:commands",
+        prefix: str = "lightpath",
+        stream: str | None = None,
         group: str = "workers",
         consumer: str | None = None,
         changes_channel: str | None = None,
         claim_idle_ms: int = 10_000,
         maxlen: int = 1_000_000,
     ) -> None:
-        self.stream = stream
+        # every key and channel is named under `prefix` (LIGHTPATH_REDIS_PREFIX), so
+        # stacks with different prefixes can share one Redis database
+        self.stream = stream or f"{prefix}:commands"
         self.group = group
         self.consumer = consumer or default_consumer_name()
         self.claim_idle_ms = claim_idle_ms
@@ -125,7 +128,7 @@ class RedisStreamsBus:
         # pub/sub channels are server-wide, not per database: name ours after the
         # database so two stacks on one Redis never hear each other's notices
         db = self._redis.connection_pool.connection_kwargs.get("db", 0)
-        self.changes_channel = changes_channel or f"lightpath:{db}:changes"
+        self.changes_channel = changes_channel or f"{prefix}:{db}:changes"
         self._claim_cursor: bytes | str = "0-0"
         self._has_consumed = False
         self._lock = threading.Lock()

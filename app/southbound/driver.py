@@ -1,7 +1,9 @@
 """The southbound driver interface and its two implementations.
 
 `SouthboundDriver` is the one seam between the worker and the switches: apply a
-bulk cross-connect change, read back what a switch holds, close. The engine
+bulk cross-connect change, read back what a switch holds, close. Applies and
+reads carry the sender's fencing token (the worker lease's); a switch refuses a
+token older than the newest it has seen with `StaleToken`. The engine
 never sees it; a real switch driver (Polatis TL1/NETCONF, Calient REST) is a
 third class with these three methods and touches nothing else.
 
@@ -49,17 +51,21 @@ class SouthboundDriver(Protocol):
         connect: Sequence[tuple[int, int]],
         disconnect: Sequence[tuple[int, int]],
         request_id: str,
+        *,
+        token: int | None = None,
     ) -> None:
         """Disconnect then connect on `oxc_id`, all or nothing, visible on return.
 
         Idempotent by `request_id`: repeating a call with the same id and the
         same pairs has no further effect (retry after `SwitchTimeout` this way).
-        Raises `TransientError` (retry) or `TerminalError` (re-read, re-plan).
+        `token`: the sender's fencing token; `StaleToken` when the switch has
+        seen a newer one (the sender was deposed: stop). Raises
+        `TransientError` (retry) or `TerminalError` (re-read, re-plan).
         """
         ...
 
-    def read(self, oxc_id: str) -> ConfirmedState:
-        """The cross-connects and failed ports `oxc_id` reports now."""
+    def read(self, oxc_id: str, *, token: int | None = None) -> ConfirmedState:
+        """The cross-connects and failed ports `oxc_id` reports now (fenced like `apply`)."""
         ...
 
     def close(self) -> None:
@@ -107,11 +113,13 @@ class InProcessDriver:
         connect: Sequence[tuple[int, int]],
         disconnect: Sequence[tuple[int, int]],
         request_id: str,
+        *,
+        token: int | None = None,
     ) -> None:
-        self._switch(oxc_id).apply(connect, disconnect, request_id)
+        self._switch(oxc_id).apply(connect, disconnect, request_id, token=token)
 
-    def read(self, oxc_id: str) -> ConfirmedState:
-        return self._switch(oxc_id).read()
+    def read(self, oxc_id: str, *, token: int | None = None) -> ConfirmedState:
+        return self._switch(oxc_id).read(token=token)
 
     def list_oxcs(self) -> list[str]:
         """The OXC ids this driver reaches."""
@@ -174,16 +182,21 @@ class HttpDriver:
         connect: Sequence[tuple[int, int]],
         disconnect: Sequence[tuple[int, int]],
         request_id: str,
+        *,
+        token: int | None = None,
     ) -> None:
-        body = {
+        body: dict[str, Any] = {
             "request_id": request_id,
             "connect": [[a, b] for a, b in connect],
             "disconnect": [[a, b] for a, b in disconnect],
         }
+        if token is not None:
+            body["fencing_token"] = token
         self._request("POST", f"/oxcs/{quote(oxc_id, safe='')}/apply", oxc_id, body)
 
-    def read(self, oxc_id: str) -> ConfirmedState:
-        data = self._request("GET", f"/oxcs/{quote(oxc_id, safe='')}", oxc_id)
+    def read(self, oxc_id: str, *, token: int | None = None) -> ConfirmedState:
+        params = {"fencing_token": token} if token is not None else None
+        data = self._request("GET", f"/oxcs/{quote(oxc_id, safe='')}", oxc_id, params=params)
         try:
             return ConfirmedState(
                 oxc_id=str(data["id"]),
@@ -211,11 +224,16 @@ class HttpDriver:
         self._client.close()
 
     def _request(
-        self, method: str, path: str, oxc_id: str | None, body: dict[str, Any] | None = None
+        self,
+        method: str,
+        path: str,
+        oxc_id: str | None,
+        body: dict[str, Any] | None = None,
+        params: dict[str, Any] | None = None,
     ) -> Any:
         """One HTTP exchange; every failure leaves as a SouthboundError."""
         try:
-            response = self._client.request(method, path, json=body)
+            response = self._client.request(method, path, json=body, params=params)
         except httpx.TimeoutException as exc:
             raise SwitchTimeout(
                 f"{method} {path}: no answer in time ({exc.__class__.__name__})", oxc_id=oxc_id

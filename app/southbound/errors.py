@@ -19,6 +19,7 @@ Hierarchy::
         │   ├── PortOutOfRange
         │   ├── NotConnected
         │   └── RequestIdReused
+        ├── StaleToken
         ├── UnknownSwitch
         └── SwitchProtocolError
 
@@ -116,6 +117,16 @@ class RequestIdReused(CommandRefused):
     """A request_id already used for a different command."""
 
     code = "request-id-reused"
+
+
+class StaleToken(TerminalError):
+    """The command carries a fencing token older than the newest the switch has seen.
+
+    A newer leader has spoken to this switch: the sender was deposed and must
+    stop driving the switches (no retry, no re-plan). Nothing was applied.
+    """
+
+    code = "stale-token"
 
 
 class UnknownSwitch(TerminalError):

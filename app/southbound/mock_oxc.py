@@ -4,11 +4,14 @@ Routes (JSON; every 4xx/5xx is RFC 9457 `application/problem+json` whose
 `type` is `urn:lightpath:southbound:<code>` of the matching error class):
 
 - `GET /oxcs`: the hosted OXCs with counts (never faulted: an inventory).
-- `GET /oxcs/{id}`: `cross_connects` ([{"a", "b"}]), `failed_ports`, `ports`
-  (a command: injected faults apply).
+- `GET /oxcs/{id}[?fencing_token=N]`: `cross_connects` ([{"a", "b"}]),
+  `failed_ports`, `ports`, `fencing_token` (the newest seen) (a command:
+  injected faults apply).
 - `POST /oxcs/{id}/apply` with `{"request_id", "connect": [[a, b]], "disconnect":
-  [[a, b]]}`: the bulk change, answered once visible. 409 when a port is busy
-  or failed or a disconnect names no cross-connect, 422 for a malformed
+  [[a, b]], "fencing_token": N}`: the bulk change, answered once visible. 409
+  `stale-token` when `fencing_token` is older than the newest the switch has
+  seen (or missing after one was seen): the sender was deposed; 409 when a
+  port is busy or failed or a disconnect names no cross-connect, 422 for a malformed
   command or a port out of range, 404 for an unknown OXC, 503 on an injected
   fault (nothing applied), 504 on an injected timeout (may have been applied).
 - `POST /oxcs/{id}/ports/{port}/fail` and `/restore`: loss of light, and back.
@@ -29,7 +32,7 @@ import hmac
 from collections.abc import Iterator, Mapping
 from typing import Annotated, Any
 
-from fastapi import FastAPI, Path, Request
+from fastapi import FastAPI, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import (
@@ -53,6 +56,7 @@ from .errors import (
     PortFailed,
     RequestIdReused,
     SouthboundError,
+    StaleToken,
     SwitchFault,
     SwitchTimeout,
     UnknownSwitch,
@@ -68,6 +72,7 @@ _STATUS_FOR_ERROR: tuple[tuple[type[SouthboundError], int], ...] = (
     (PortFailed, 409),
     (NotConnected, 409),
     (RequestIdReused, 409),
+    (StaleToken, 409),
     (CommandRefused, 422),
     (UnknownSwitch, 404),
     (SwitchFault, 503),
@@ -85,6 +90,7 @@ class ApplyCommand(BaseModel):
     request_id: str = Field(min_length=1, max_length=200)
     connect: list[PortPairBody] = Field(default_factory=list, max_length=_MAX_PAIRS_PER_COMMAND)
     disconnect: list[PortPairBody] = Field(default_factory=list, max_length=_MAX_PAIRS_PER_COMMAND)
+    fencing_token: int | None = Field(None, ge=0, le=2**63 - 1)
 
 
 class _Metrics:
@@ -149,12 +155,19 @@ class _StateCollector(Collector):
         failed = GaugeMetricFamily(
             "lightpath_oxc_failed_ports", "Ports marked failed (loss of light).", labels=["oxc"]
         )
+        token = GaugeMetricFamily(
+            "lightpath_oxc_fencing_token",
+            "The newest fencing token the switch has seen (older ones are refused).",
+            labels=["oxc"],
+        )
         for oxc_id, switch in self._switches.items():
             state = switch.inspect()
             cross_connects.add_metric([oxc_id], len(state.cross_connects))
             failed.add_metric([oxc_id], len(state.failed_ports))
+            token.add_metric([oxc_id], switch.fencing_token)
         yield cross_connects
         yield failed
+        yield token
 
 
 def create_mock_oxc_app(
@@ -238,10 +251,12 @@ def create_mock_oxc_app(
         return {"oxcs": rows}
 
     @app.get("/oxcs/{oxc_id}")
-    def read_oxc(oxc_id: str) -> dict[str, Any]:
+    def read_oxc(
+        oxc_id: str, fencing_token: Annotated[int | None, Query(ge=0, le=2**63 - 1)] = None
+    ) -> dict[str, Any]:
         switch = switch_for(oxc_id)
         try:
-            state = switch.read()
+            state = switch.read(token=fencing_token)
         except SouthboundError as exc:
             metrics.count(oxc_id, "read", exc)
             raise
@@ -252,6 +267,7 @@ def create_mock_oxc_app(
             "reconfig_ms": switch.reconfig_ms,
             "cross_connects": [{"a": a, "b": b} for a, b in sorted(state.cross_connects)],
             "failed_ports": sorted(state.failed_ports),
+            "fencing_token": switch.fencing_token,
         }
 
     @app.post("/oxcs/{oxc_id}/apply")
@@ -262,6 +278,7 @@ def create_mock_oxc_app(
                 [(p[0], p[1]) for p in command.connect],
                 [(p[0], p[1]) for p in command.disconnect],
                 command.request_id,
+                token=command.fencing_token,
             )
         except SouthboundError as exc:
             metrics.count(oxc_id, "apply", exc)

@@ -21,6 +21,14 @@ lost is not applied twice. Errors that no retry can fix (an unknown OXC, an
 unreadable answer, a desired state that books one port twice) stop that OXC
 and are reported as terminal.
 
+Fenced: with a `token` (the leader lease's fencing token) every read and
+apply carries it, and the switch refuses it once a newer leader has spoken
+(`StaleToken`); with `holds`, each OXC checks before every exchange that the
+caller still holds that token (its lease has not lapsed by local time) and
+stops otherwise. Either way the OXC's outcome is a non-retryable error and
+`ReconcileResult.fenced` is true: a deposed leader sends nothing more in the
+pass it wakes up in.
+
 Safe to run twice: a second pass over the same desired state reads, finds
 nothing to change and sends nothing. Not safe to run concurrently against the
 same switches: two reconcilers with different desired states would undo each
@@ -53,6 +61,8 @@ DesiredCrossConnect = tuple[int, int, str]  # (port a, port b, job_id)
 
 BLOCKED_PORT_FAILED = "port-failed"
 INVALID_DESIRED = "invalid-desired"
+FENCED = "fenced"  # the caller's lease lapsed: nothing more is sent
+_FENCED_CODES = (FENCED, "stale-token")
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +137,11 @@ class ReconcileResult:
     failed_exchanges: int = 0  # transient failures retried within the pass
 
     @property
+    def fenced(self) -> bool:
+        """The caller was deposed during the pass (lease lapsed, or a switch saw a newer token)."""
+        return any(e.code in _FENCED_CODES for e in self.errors)
+
+    @property
     def needs_replan(self) -> bool:
         """Some desired cross-connects touch failed ports: the engine must move them."""
         return bool(self.blocked)
@@ -182,6 +197,8 @@ def reconcile(
     request_id_prefix: str = "reconcile",
     max_parallel_oxcs: int = 8,
     decision_seq: int | None = None,
+    token: int | None = None,
+    holds: Callable[[], bool] | None = None,
 ) -> ReconcileResult:
     """One level-triggered pass: converge every OXC in `desired` to its cross-connects.
 
@@ -190,6 +207,8 @@ def reconcile(
     `decision_seq` (the last decision the desired state includes) only labels
     log lines. OXCs are handled in parallel (up to `max_parallel_oxcs`
     threads), so the driver must be thread-safe (both drivers here are).
+    `token` goes with every command; `holds()` is asked before each exchange
+    (see the module's "Fenced").
     """
     policy = policy or RetryPolicy()
     rng = rng or random.Random()
@@ -210,6 +229,7 @@ def reconcile(
             sleep,
             f"{request_id_prefix}-{pass_id}",
             {"oxc_id": oxc_id, "decision_seq": decision_seq, "pass_id": pass_id},
+            _Fencing(token, holds),
         )
 
     if len(jobs) <= 1 or max_parallel_oxcs <= 1:
@@ -230,6 +250,15 @@ def reconcile(
         confirmed={o.oxc_id: o.confirmed for o in outcomes if o.confirmed is not None},
         failed_exchanges=sum(o.failed_exchanges for o in outcomes),
     )
+
+
+@dataclass(frozen=True, slots=True)
+class _Fencing:
+    token: int | None
+    holds: Callable[[], bool] | None
+
+    def lapsed(self) -> bool:
+        return self.holds is not None and not self.holds()
 
 
 @dataclass(slots=True)
@@ -259,6 +288,7 @@ def _reconcile_oxc(
     sleep: Callable[[float], None],
     request_id_base: str,
     log_fields: dict[str, object],
+    fencing: _Fencing,
 ) -> _OxcOutcome:
     outcome = _OxcOutcome(oxc_id)
     last_command: tuple[tuple[PortPair, ...], tuple[PortPair, ...]] | None = None
@@ -267,8 +297,14 @@ def _reconcile_oxc(
     # Each round reads and possibly applies; successful applies are bounded too,
     # so a switch whose state keeps moving under us cannot hold the pass forever.
     for _round in range(2 * policy.max_attempts + 2):
+        if fencing.lapsed():
+            outcome.error = ReconcileError(
+                oxc_id, FENCED, "the leader lease lapsed: nothing more sent", False
+            )
+            log.warning("oxc reconcile stopped: lease lapsed", extra=log_fields)
+            return outcome
         try:
-            confirmed = driver.read(oxc_id)
+            confirmed = driver.read(oxc_id, token=fencing.token)
             outcome.confirmed = confirmed
             try:
                 diff = diff_cross_connects(desired, confirmed)
@@ -289,7 +325,15 @@ def _reconcile_oxc(
                 commands_sent += 1
                 request_id = f"{request_id_base}-{oxc_id}-{commands_sent}"
                 last_command = command
-            driver.apply(oxc_id, list(diff.connect), list(diff.disconnect), request_id)
+            if fencing.lapsed():  # checked again right before the change goes out
+                continue
+            driver.apply(
+                oxc_id,
+                list(diff.connect),
+                list(diff.disconnect),
+                request_id,
+                token=fencing.token,
+            )
             outcome.applied.append(OxcChange(oxc_id, diff.connect, diff.disconnect, request_id))
             log.info(
                 "cross-connects changed",

@@ -24,6 +24,15 @@ The model keeps the rules a real MEMS or beam-steering switch enforces:
 - A `request_id` makes `apply` idempotent: the same id with the same command
   returns the first outcome without reconfiguring again; the same id with a
   different command is refused. The last `remembered_requests` ids are kept.
+- Fencing: a command (apply or read) may carry the sender's fencing token
+  (the worker lease's, which only grows). The switch remembers the newest token
+  it has seen and refuses an older one (`StaleToken`, nothing applied), and an
+  apply without a token once any token was seen (a read without one is an
+  inspection and is answered): a leader deposed while a
+  command was in flight cannot change the switch after its successor spoke to
+  it. The check comes before the request_id replay and before injected faults.
+  The newest token lives in memory (a restart forgets it, as it forgets the
+  cross-connects); a real switch adapter keeps it durable.
 - `on_reconfiguration(oxc_id, seconds)` is called (outside the lock) for every
   accepted command that changes something, so a host can count
   reconfigurations in its metrics.
@@ -60,6 +69,7 @@ from .errors import (
     PortFailed,
     PortOutOfRange,
     RequestIdReused,
+    StaleToken,
     SwitchFault,
     SwitchTimeout,
 )
@@ -133,6 +143,7 @@ class OpticalSwitch:
         self._last_visible_at = float("-inf")
         self._failed: set[int] = set()
         self._requests: OrderedDict[str, _Remembered] = OrderedDict()
+        self._token = 0  # the newest fencing token seen (0: none yet)
 
     # -- commands -----------------------------------------------------------
 
@@ -143,17 +154,20 @@ class OpticalSwitch:
         request_id: str,
         *,
         wait: bool = True,
+        token: int | None = None,
     ) -> ApplyOutcome:
         """Disconnect then connect, all or nothing; return once visible (unless `wait=False`).
 
-        Raises a `CommandRefused` subclass when the command is invalid for the
-        switch's state, `SwitchFault` or `SwitchTimeout` on an injected fault.
+        Raises `StaleToken` when `token` is older than the newest seen, a
+        `CommandRefused` subclass when the command is invalid for the switch's
+        state, `SwitchFault` or `SwitchTimeout` on an injected fault.
         """
         command = (
             tuple(sorted(normalize_pairs(disconnect))),
             tuple(sorted(normalize_pairs(connect))),
         )
         with self._lock:
+            self._check_token(token)
             self._settle()
             fault = self._draw_fault()
             if fault == "fault":
@@ -179,9 +193,15 @@ class OpticalSwitch:
             )
         return outcome
 
-    def read(self) -> ConfirmedState:
-        """The visible cross-connects and failed ports; subject to injected faults."""
+    def read(self, *, token: int | None = None) -> ConfirmedState:
+        """The visible cross-connects and failed ports; subject to injected faults.
+
+        A newer `token` is remembered (a new leader's first read fences the old
+        one out); an older one raises `StaleToken`.
+        """
         with self._lock:
+            if token is not None:
+                self._check_token(token)
             self._settle()
             fault = self._draw_fault()
             if fault == "fault":
@@ -195,6 +215,12 @@ class OpticalSwitch:
         with self._lock:
             self._settle()
             return self._snapshot()
+
+    @property
+    def fencing_token(self) -> int:
+        """The newest fencing token this switch has seen (0: none)."""
+        with self._lock:
+            return self._token
 
     def is_reconfiguring(self) -> bool:
         """Whether an accepted change is still settling (not yet visible)."""
@@ -217,6 +243,21 @@ class OpticalSwitch:
             self._failed.discard(port)
 
     # -- internals (call with the lock held unless stated) --------------------
+
+    def _check_token(self, token: int | None) -> None:
+        if token is None:
+            if self._token:
+                raise StaleToken(
+                    f"{self.oxc_id}: a command without a fencing token after token {self._token}",
+                    oxc_id=self.oxc_id,
+                )
+            return
+        if token < self._token:
+            raise StaleToken(
+                f"{self.oxc_id}: fencing token {token} is older than {self._token}",
+                oxc_id=self.oxc_id,
+            )
+        self._token = token
 
     def _draw_fault(self) -> str | None:
         if self.fault_rate == 0.0 or self._rng.random() >= self.fault_rate:

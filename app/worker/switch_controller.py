@@ -8,6 +8,14 @@ ports whose read-back changed are written, and failed ports come from that
 memory of the confirmed table (read once by a new leader). It runs after every fabric change,
 when a pass asks to be requeued, and at least every `resync_s` to notice drift
 such as a failed port. Only the leader runs it.
+
+Fenced (`token`, the lease's fencing token source): every command of a pass
+carries the token the pass started with, and before each exchange the pass
+checks the lease still holds that token. A leader deposed mid-pass (stalled
+past its lease, or a switch that already saw its successor's token) sends
+nothing more: the pass ends fenced, writes nothing, and the controller forgets
+its memory of the switches. A new leader's first pass reads every switch with
+its token, which fences the old leader out of each switch.
 """
 
 from __future__ import annotations
@@ -16,6 +24,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
 
 from app.engine.cluster import Cluster
 from app.engine.cross_connects import CrossConnect
@@ -40,6 +49,7 @@ class SwitchController:
         on_failed_ports: Callable[[], None] | None = None,
         on_confirmed: Callable[[frozenset[tuple[str, int, int]]], None] | None = None,
         desired_source: Callable[[], Sequence[CrossConnect] | None] | None = None,
+        token: Callable[[], int | None] | None = None,
     ) -> None:
         self.repo = repo
         self.driver = driver
@@ -50,6 +60,9 @@ class SwitchController:
         self.on_confirmed = on_confirmed
         # the desired state as last committed by the worker (same process); None: read it
         self.desired_source = desired_source
+        # the lease's fencing token now (None: not held); None here: unfenced (embedded)
+        self.token = token
+        self._full_next = True  # a new leader's first pass reads (and fences) every switch
         # what the confirmed-ports table holds (None: unknown, loaded on the next pass)
         self._saved: dict[str, ConfirmedOxc] | None = None
         # per OXC, the desired cross-connects it was last read holding exactly; a kicked
@@ -75,6 +88,12 @@ class SwitchController:
         such as a failed port is still noticed within `resync_s`.
         """
         with self._lock:
+            token = self.token() if self.token is not None else None
+            source = self.token
+
+            def holds() -> bool:
+                return source is None or (token is not None and source() == token)
+
             try:
                 saved = self._saved if self._saved is not None else self.repo.load_confirmed()
                 before = _failed(saved)
@@ -83,7 +102,11 @@ class SwitchController:
                     desired = {
                         o: d for o, d in desired.items() if self._settled.get(o) != frozenset(d)
                     }
-                result = reconcile(self.driver, desired, policy=self.policy)
+                result = reconcile(
+                    self.driver, desired, policy=self.policy, token=token, holds=holds
+                )
+                if result.fenced:
+                    return self._deposed(result)
                 for o, d in desired.items():
                     c = result.confirmed.get(o)
                     if c is not None and _pairs(c.cross_connects) == _pairs(
@@ -135,9 +158,25 @@ class SwitchController:
     def reset(self) -> None:
         """Forget what the confirmed table holds (a new leader reads it once)."""
         with self._lock:
-            self._saved = None
-            self._unreachable = None
-            self._settled.clear()
+            self._forget()
+
+    def _forget(self) -> None:
+        self._saved = None
+        self._unreachable = None
+        self._settled.clear()
+        self._full_next = True
+
+    def _deposed(self, result: ReconcileResult) -> ReconcileResult:
+        """A pass that found us deposed: nothing is written, memory is dropped."""
+        log.warning(
+            "switch pass fenced: the lease is gone or a switch saw a newer leader",
+            extra={"applied": len(result.applied)},
+        )
+        self._forget()
+        self.last = result
+        for err in result.errors:
+            self.metrics.reconcile_errors.labels(err.code).inc()
+        return replace(result, requeue_after_s=None)
 
     def _desired(self) -> dict[str, set[tuple[int, int, str]]]:
         """Every OXC's desired cross-connects: the worker's last commit, else the table."""
@@ -162,7 +201,10 @@ class SwitchController:
                 continue
             try:
                 # a kick after a new desired state touches the changed OXCs only
-                full = not kicked or time.monotonic() - last_full >= self.resync_s
+                full = (
+                    not kicked or self._full_next or time.monotonic() - last_full >= self.resync_s
+                )
+                self._full_next = False
                 result = self.run_once(full=full)
                 if full:
                     last_full = time.monotonic()

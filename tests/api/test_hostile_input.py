@@ -137,12 +137,12 @@ def test_a_switch_controller_pass_records_an_unreachable_switch(server: LiveServ
     first = controller.cluster.oxcs[0].id
     real = driver.read
 
-    def read(oxc_id: str) -> Any:
+    def read(oxc_id: str, *, token: int | None = None) -> Any:
         if oxc_id == first:
             from app.southbound.errors import SwitchUnreachable
 
             raise SwitchUnreachable(f"{oxc_id} does not answer", oxc_id=oxc_id)
-        return real(oxc_id)
+        return real(oxc_id, token=token)
 
     driver.read = read  # type: ignore[method-assign]
     try:

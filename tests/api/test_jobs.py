@@ -61,6 +61,29 @@ def test_ep_groups_share_a_tor(server: LiveServer) -> None:
         assert all(len(tors) == 1 for tors in groups.values())
 
 
+def test_a_job_left_queued_gets_202_when_its_pass_commits_not_after_the_admit_wait(
+    settings: Settings,
+) -> None:
+    """The API answers 202 once a scheduling pass has considered the job (`examined`),
+    not after LIGHTPATH_ADMIT_WAIT_S: a launcher behind a full cluster hears at once."""
+    import time
+
+    live = LiveServer(settings.model_copy(update={"admit_wait_s": 5.0}))
+    live.start()
+    try:
+        with live.client() as c:
+            assert c.post("/v1/jobs", json=job("big", dp=16, pp=2)).status_code == 201
+            took = []
+            for i in range(3):
+                start = time.monotonic()
+                queued = c.post("/v1/jobs", json=job(f"next-{i}", dp=2, pp=1))
+                took.append(time.monotonic() - start)
+                assert queued.status_code == 202 and queued.json()["queue_reason"]
+            assert max(took) < 1.5, f"a queued job waited {max(took):.2f} s for its 202"
+    finally:
+        live.stop()
+
+
 def test_full_cluster_queues_then_admits_on_completion(server: LiveServer) -> None:
     with server.client() as c:
         assert c.post("/v1/jobs", json=job("big", dp=16, pp=2)).status_code == 201

@@ -395,3 +395,40 @@ def test_a_refused_command_is_a_bus_error_but_not_unavailable(
         bus.publish(AdmitJob("x"))
     assert not isinstance(caught.value, BusUnavailable)
     assert isinstance(caught.value.__cause__, redis.ResponseError)
+
+
+def test_a_redis_prefix_keeps_two_stacks_on_one_database_apart(
+    redis_url: str, admin: redis.Redis, prefix: str
+) -> None:
+    """LIGHTPATH_REDIS_PREFIX names the stream and the notice channel (the lease too)."""
+    mine = RedisStreamsBus(redis_url, prefix=f"{prefix}:a", claim_idle_ms=200)
+    theirs = RedisStreamsBus(redis_url, prefix=f"{prefix}:b", claim_idle_ms=200)
+    try:
+        db = redis_url.rsplit("/", 1)[1]
+        assert mine.stream == f"{prefix}:a:commands"
+        assert mine.changes_channel == f"{prefix}:a:{db}:changes"
+        heard: list[JobsChanged] = []
+        theirs.listen(heard.append)
+        mine_heard: list[JobsChanged] = []
+        mine.listen(mine_heard.append)
+        theirs.consume(0.01)  # creates their group
+        mine.publish(AdmitJob("only-mine"))
+        assert [d.message for d in consume_until(mine, 1)] == [AdmitJob("only-mine")]
+        assert theirs.consume(0.2) == []
+        assert wait_until(lambda: mine.announce(JobsChanged(("j",))) is None and bool(mine_heard))
+        time.sleep(0.2)
+        assert heard == [], "a notice crossed prefixes"
+    finally:
+        mine.close()
+        theirs.close()
+
+
+def test_a_malformed_redis_prefix_is_refused() -> None:
+    from pydantic import ValidationError
+
+    from app.settings import Settings
+
+    assert Settings().redis_prefix == "lightpath"
+    for bad in ("", "two words", "x" * 65):
+        with pytest.raises(ValidationError):
+            Settings(redis_prefix=bad)

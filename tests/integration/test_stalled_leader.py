@@ -219,6 +219,13 @@ def test_a_stalled_leader_writes_nothing_after_it_is_replaced(stack: Stack) -> N
 
     assert matches_desired(), "replaying the log does not give the desired cross-connects"
 
+    # the switches were fenced too: each has seen the new leader's token, so a command the
+    # deposed leader still had in flight (its token) is refused there
+    new_token = max(t for _, t in tokens if t is not None)
+    for o in httpx.get(f"{stack.oxc_url}/oxcs", timeout=5).json()["oxcs"]:
+        seen = httpx.get(f"{stack.oxc_url}/oxcs/{o['id']}", timeout=5).json()["fencing_token"]
+        assert seen == new_token > old_token, f"{o['id']} has seen token {seen}"
+
     # the API answered throughout, fast
     assert prober.count > 50
     assert not prober.failures, prober.failures[:5]

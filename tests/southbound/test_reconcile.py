@@ -149,14 +149,16 @@ class FlakyDriver:
         connect: Sequence[tuple[int, int]],
         disconnect: Sequence[tuple[int, int]],
         request_id: str,
+        *,
+        token: int | None = None,
     ) -> None:
         self.applies.append((oxc_id, tuple(connect), request_id))
         if len(self.applies) == 1:
             raise SwitchTimeout("lost on the way", oxc_id=oxc_id)
-        self.inner.apply(oxc_id, connect, disconnect, request_id)
+        self.inner.apply(oxc_id, connect, disconnect, request_id, token=token)
 
-    def read(self, oxc_id: str) -> ConfirmedState:
-        return self.inner.read(oxc_id)
+    def read(self, oxc_id: str, *, token: int | None = None) -> ConfirmedState:
+        return self.inner.read(oxc_id, token=token)
 
     def close(self) -> None:
         self.inner.close()
@@ -233,6 +235,8 @@ class CheckingDriver:
         connect: Sequence[tuple[int, int]],
         disconnect: Sequence[tuple[int, int]],
         request_id: str,
+        *,
+        token: int | None = None,
     ) -> None:
         peers: dict[int, int] = {}
         for a, b in self.switch.inspect().cross_connects:
@@ -244,12 +248,12 @@ class CheckingDriver:
             assert a not in peers and b not in peers, f"{(a, b)} would double-book"
             peers[a], peers[b] = b, a
         try:
-            self.inner.apply(oxc_id, connect, disconnect, request_id)
+            self.inner.apply(oxc_id, connect, disconnect, request_id, token=token)
         except PortBusy as exc:  # pragma: no cover - the property under test
             raise AssertionError(f"the switch saw a double-booking: {exc}") from exc
 
-    def read(self, oxc_id: str) -> ConfirmedState:
-        return self.inner.read(oxc_id)
+    def read(self, oxc_id: str, *, token: int | None = None) -> ConfirmedState:
+        return self.inner.read(oxc_id, token=token)
 
     def close(self) -> None:
         self.inner.close()
@@ -302,11 +306,11 @@ class StaleOnceDriver(CheckingDriver):
         super().__init__(switch)
         self.reads = 0
 
-    def read(self, oxc_id: str) -> ConfirmedState:
+    def read(self, oxc_id: str, *, token: int | None = None) -> ConfirmedState:
         self.reads += 1
         if self.reads == 1:
             return ConfirmedState(oxc_id, self.switch.ports, frozenset(), frozenset())
-        return self.inner.read(oxc_id)
+        return self.inner.read(oxc_id, token=token)
 
     def apply(
         self,
@@ -314,8 +318,10 @@ class StaleOnceDriver(CheckingDriver):
         connect: Sequence[tuple[int, int]],
         disconnect: Sequence[tuple[int, int]],
         request_id: str,
+        *,
+        token: int | None = None,
     ) -> None:
-        self.inner.apply(oxc_id, connect, disconnect, request_id)
+        self.inner.apply(oxc_id, connect, disconnect, request_id, token=token)
 
 
 def test_a_refusal_after_a_stale_read_is_retried_on_a_fresh_read() -> None:
