@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from app.settings import Settings, is_loopback
+if TYPE_CHECKING:  # imported where used: `lightpath --help` needs neither pydantic nor the engine
+    from app.settings import Settings
 
 cli = typer.Typer(
     name="lightpath",
@@ -27,6 +28,8 @@ ClusterOpt = Annotated[
 
 def _settings(cluster: str | None) -> Settings:
     from pydantic import ValidationError
+
+    from app.settings import Settings
 
     try:
         settings = Settings()
@@ -47,6 +50,8 @@ def _settings(cluster: str | None) -> Settings:
 
 
 def _refuse_open_bind(settings: Settings, host: str) -> None:
+    from app.settings import is_loopback
+
     if not settings.token_scopes() and not is_loopback(host):
         typer.echo(
             f"error: refusing to bind {host} without LIGHTPATH_API_TOKENS; "
@@ -149,6 +154,8 @@ def mock_oxc(host: HostOpt = "127.0.0.1", port: PortOpt = 9090, cluster: Cluster
     """Mock optical circuit switches (one per OXC of the cluster) over HTTP; one replica."""
     settings = _settings(cluster)
     token = settings.southbound_token.get_secret_value() if settings.southbound_token else None
+    from app.settings import is_loopback
+
     if not token and not is_loopback(host):
         typer.echo(
             f"error: refusing to bind {host} without LIGHTPATH_SOUTHBOUND_TOKEN; "

@@ -11,7 +11,6 @@ Pure module: no I/O, no FastAPI/SQLAlchemy/Redis/pydantic imports.
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -58,6 +57,8 @@ def estimate_next_phase_start(
         return arrivals_s[-1] + min(intervals)
     first = max(1, n - RECENT_INTERVALS)
     recent = [arrivals_s[i] - arrivals_s[i - 1] for i in range(first, n)]
+    import statistics  # here: ~10-70 ms of start-up otherwise (decimal, fractions)
+
     return arrivals_s[-1] + statistics.median(recent)
 
 

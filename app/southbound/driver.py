@@ -21,10 +21,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
-from typing import Any, Protocol, Self, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, Self, runtime_checkable
 from urllib.parse import quote
 
-import httpx
+if TYPE_CHECKING:  # imported by HttpDriver itself: a process without one never loads httpx
+    import httpx
 
 from ..engine.cluster import Cluster
 from .errors import (
@@ -160,6 +161,9 @@ class HttpDriver:
     ) -> None:
         # timeout_s must exceed the slowest bulk reconfiguration (Calient: up to
         # 500 ms), or every large change ends as SwitchTimeout and a retry.
+        import httpx
+
+        self._httpx = httpx
         headers = {"Authorization": f"Bearer {token}"} if token else None
         self._client = httpx.Client(
             base_url=base_url.rstrip("/"), timeout=timeout_s, transport=transport, headers=headers
@@ -232,6 +236,7 @@ class HttpDriver:
         params: dict[str, Any] | None = None,
     ) -> Any:
         """One HTTP exchange; every failure leaves as a SouthboundError."""
+        httpx = self._httpx
         try:
             response = self._client.request(method, path, json=body, params=params)
         except httpx.TimeoutException as exc:
