@@ -87,7 +87,9 @@ class Runtime:
         if self.relay is not None:
             self.relay.start()
         if self.worker is not None:
-            load_solver()  # before the first arrival, not during its fabric pass
+            # numpy/scipy (~0.4-0.6 s) load beside start-up instead of in front of /readyz,
+            # and in any case before the first arrival's fabric pass needs them
+            threading.Thread(target=load_solver, name="solver-import", daemon=True).start()
             self.worker.thread_init = self.thread_init  # its fabric thread is fenced too
             self._spawn("worker", self.worker.run, self._stop, self.is_leader)
         if self.controller is not None:
@@ -130,6 +132,7 @@ def build_runtime(settings: Settings, cluster: Cluster, *, with_worker: bool = T
     services = _api_services(settings, cluster, store, bus)
     relay = OutboxRelay(store, bus.publish)
     services.kick_relay = relay.kick
+    services.publish = relay.publish_payload
     runtime = Runtime(services, relay)
     runtime.closers.append(services.traffic.close)
     if with_worker:
@@ -215,6 +218,7 @@ def build_api_runtime(settings: Settings, cluster: Cluster) -> Runtime:
     runtime = Runtime(services, relay)
     if relay is not None:
         services.kick_relay = relay.kick
+        services.publish = relay.publish_payload
     runtime.closers.append(services.traffic.close)
     runtime.closers.append(bus.close)
     if settings.southbound_url:  # only for /readyz: the worker drives the switches

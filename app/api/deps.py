@@ -37,6 +37,8 @@ class Services:
     read_cache: JobViewCache = field(default_factory=lambda: JobViewCache(ttl_s=1.0))
     southbound: Any = None
     kick_relay: Callable[[], None] = field(default=lambda: None)
+    # sends an event the API just committed (its outbox row written as sent); None: the relay
+    publish: Callable[[dict[str, Any]], None] | None = None
     tokens: dict[str, str] | None = None  # bearer token -> scope, parsed on first use
 
 

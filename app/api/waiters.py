@@ -1,9 +1,11 @@
 """Long-poll support: API requests waiting for a job to change state.
 
 The worker announces changed job ids on the bus; each announcement wakes the
-asyncio waiters of those jobs, from whatever thread it arrives on. Waiters
-also re-read the database every `poll_s`, so a missed announcement (another
-process, a restarted bus) costs latency, never a wrong answer.
+asyncio waiters of those jobs, from whatever thread it arrives on. A waiter
+subscribes before it reads the job, so an announcement that lands between the
+read and the wait still wakes it. Waiters also re-read the database every
+`poll_s`, so a missed announcement (another process, a restarted bus) costs
+latency, never a wrong answer.
 """
 
 from __future__ import annotations
@@ -11,40 +13,60 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from app.bus.messages import JobsChanged
+
+
+class Watch:
+    """One subscription to a job's announcements; `wait` returns on the next one."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.event = asyncio.Event()
+
+    async def wait(self, timeout_s: float) -> bool:
+        """True when an announcement came (since the last wait), False at the timeout."""
+        try:
+            await asyncio.wait_for(self.event.wait(), timeout=max(timeout_s, 0.0))
+        except TimeoutError:
+            return False
+        self.event.clear()
+        return True
 
 
 class JobWaiters:
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._events: dict[str, set[tuple[asyncio.AbstractEventLoop, asyncio.Event]]] = defaultdict(
-            set
-        )
+        self._watches: dict[str, set[Watch]] = defaultdict(set)
 
     def on_change(self, change: JobsChanged) -> None:
         with self._lock:
-            targets = [w for job_id in change.job_ids for w in self._events.get(job_id, ())]
-        for loop, event in targets:
+            targets = [w for job_id in change.job_ids for w in self._watches.get(job_id, ())]
+        for watch in targets:
             try:
-                loop.call_soon_threadsafe(event.set)
+                watch.loop.call_soon_threadsafe(watch.event.set)
             except RuntimeError:  # the loop closed meanwhile
                 pass
 
-    async def wait(self, job_id: str, timeout_s: float) -> None:
-        """Return when `job_id` is announced as changed or after `timeout_s`."""
-        loop = asyncio.get_running_loop()
-        entry = (loop, asyncio.Event())
+    @contextmanager
+    def watch(self, job_id: str) -> Iterator[Watch]:
+        """Subscribe to `job_id`'s announcements for the block (read the job inside it)."""
+        entry = Watch(asyncio.get_running_loop())
         with self._lock:
-            self._events[job_id].add(entry)
+            self._watches[job_id].add(entry)
         try:
-            await asyncio.wait_for(entry[1].wait(), timeout=max(timeout_s, 0.0))
-        except TimeoutError:
-            pass
+            yield entry
         finally:
             with self._lock:
-                waiters = self._events.get(job_id)
-                if waiters is not None:
-                    waiters.discard(entry)
-                    if not waiters:
-                        del self._events[job_id]
+                watches = self._watches.get(job_id)
+                if watches is not None:
+                    watches.discard(entry)
+                    if not watches:
+                        del self._watches[job_id]
+
+    async def wait(self, job_id: str, timeout_s: float) -> None:
+        """Return when `job_id` is announced as changed or after `timeout_s`."""
+        with self.watch(job_id) as entry:
+            await entry.wait(timeout_s)

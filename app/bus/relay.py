@@ -29,13 +29,14 @@ class OutboxRelay:
         self._thread: threading.Thread | None = None
         self._drains = 0
 
-    def _publish_payload(self, payload: dict[str, Any]) -> None:
+    def publish_payload(self, payload: dict[str, Any]) -> None:
+        """Send one outbox payload (the relay's own drain, or a writer sending its event)."""
         self.publish(from_outbox(payload))
 
     def drain(self) -> int:
         total = 0
         while True:
-            n = self.store.relay_outbox(self._publish_payload)
+            n = self.store.relay_outbox(self.publish_payload)
             total += n
             if n == 0:
                 return total

@@ -7,6 +7,7 @@ and to plain records the API renders; nothing above this module sees SQL.
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -33,6 +34,8 @@ from app.engine.job_lease import LEASE_EXPIRED, JobLease
 from . import tables as t
 from .database import relaxed_commit
 from .mapping import job_from_body, placement_to_json
+
+log = logging.getLogger("lightpath.store")
 
 
 class StoreError(Exception):
@@ -315,8 +318,27 @@ def append_decisions(
     return [first + i for i in range(len(rows))]
 
 
-def add_outbox(conn: Connection, topic: str, payload: dict[str, Any], now: dt.datetime) -> None:
-    conn.execute(insert(t.outbox).values(topic=topic, payload=payload, created_at=now))
+def add_outbox(
+    conn: Connection,
+    topic: str,
+    payload: dict[str, Any],
+    now: dt.datetime,
+    *,
+    published: bool = False,
+) -> int:
+    """Record an event in the caller's transaction; `published`: its writer sends it itself."""
+    return int(
+        conn.execute(
+            insert(t.outbox)
+            .values(
+                topic=topic,
+                payload=payload,
+                created_at=now,
+                published_at=now if published else None,
+            )
+            .returning(t.outbox.c.id)
+        ).scalar_one()
+    )
 
 
 class Store:
@@ -348,14 +370,22 @@ class Store:
         priority: int,
         deadline: float | None,
         owner: str | None = None,
+        publish: Callable[[dict[str, Any]], None] | None = None,
     ) -> tuple[JobRecord, bool]:
         """Record a new queued job and its AdmitJob event; (existing, False) if the id exists.
 
         One transaction and no read on the common path (a new id): the insert
         itself finds an existing id, and the new row is answered from what was
         written.
+
+        `publish`: send the event from here once committed (the worker wakes
+        without waiting for the relay's thread and transaction); its outbox row
+        is written as published, and put back for the relay if sending fails. A
+        crash between the commit and the send loses only the wake-up: the
+        worker's tick reads the queued row anyway.
         """
         now = utcnow()
+        event = {"type": "AdmitJob", "job_id": job_id}
         try:
             with self.write_engine.begin() as conn:
                 order = next_counter(conn, "job_order")
@@ -375,12 +405,21 @@ class Store:
                         lease_s=body.get("lease_s"),
                     )
                 )
-                add_outbox(conn, "jobs", {"type": "AdmitJob", "job_id": job_id}, now)
+                outbox_id = add_outbox(conn, "jobs", event, now, published=publish is not None)
         except IntegrityError:
             existing = self.get_job(job_id)
             if existing is None:
                 raise
             return existing, False
+        if publish is not None:
+            try:
+                publish(event)
+            except Exception:
+                log.warning("AdmitJob not sent; left to the relay", exc_info=True)
+                with self.write_engine.begin() as conn:
+                    conn.execute(
+                        update(t.outbox).where(t.outbox.c.id == outbox_id).values(published_at=None)
+                    )
         record = JobRecord(
             job_id=job_id,
             state=JobState.QUEUED.value,

@@ -36,7 +36,7 @@ from .scheduler import schedule
 log = logging.getLogger("lightpath.worker")
 
 FABRIC_SETTLE_S = 0.01
-SWITCH_INTERVAL_S = 0.001
+SWITCH_INTERVAL_S = 0.0001
 
 
 class CommandBus(Protocol):

@@ -13,6 +13,7 @@ import datetime as dt
 import hashlib
 import json
 import time
+from functools import partial
 from typing import Annotated, Any, Literal
 from urllib.parse import quote
 
@@ -29,6 +30,7 @@ from app.store.mapping import job_from_body
 from ..deps import Services, ServicesDep, require
 from ..problems import Problem
 from ..schemas import JOB_ID_PATTERN, FailIn, JobIn, JobListOut, JobOut
+from ..waiters import Watch
 from .advice import refuse_if_out_of_memory
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
@@ -112,18 +114,37 @@ def body_hash(body: dict[str, Any]) -> str:
 
 
 async def wait_for_job(
-    services: Services, job_id: str, reached: Any, timeout_s: float
+    services: Services,
+    job_id: str,
+    reached: Any,
+    timeout_s: float,
+    *,
+    known: JobRecord | None = None,
+    watch: Watch | None = None,
 ) -> JobRecord | None:
-    """Re-read the job until `reached(record)` or the timeout; woken by worker notices."""
+    """Re-read the job until `reached(record)` or the timeout; woken by worker notices.
+
+    Subscribed before the first read (or by the caller, `watch`, before its own
+    write), so a notice between a read and the wait is not lost. `known`: the
+    job as it stands now, saving the first read.
+    """
+    if watch is None:
+        with services.waiters.watch(job_id) as watch:
+            return await wait_for_job(
+                services, job_id, reached, timeout_s, known=known, watch=watch
+            )
     deadline = time.monotonic() + timeout_s
     poll_s = 0.02
+    record = known
     while True:
-        record = await run_in_threadpool(services.store.get_job, job_id)
+        if record is None:
+            record = await run_in_threadpool(services.store.get_job, job_id)
         remaining = deadline - time.monotonic()
         if record is None or reached(record) or remaining <= 0:
             return record
-        await services.waiters.wait(job_id, min(remaining, poll_s))
+        await watch.wait(min(remaining, poll_s))
         poll_s = min(poll_s * 2, 0.5)
+        record = None
 
 
 _LOCATION = {"Location": {"description": "the job's URL", "schema": {"type": "string"}}}
@@ -171,32 +192,40 @@ async def submit_job(
             },
         )
     refuse_if_out_of_memory(services, engine_job)
-    record, created = await run_in_threadpool(
-        services.store.submit_job,
-        job.job_id,
-        body,
-        digest,
-        servers_needed=engine_job.servers_needed,
-        priority=job.priority,
-        deadline=body.get("deadline"),
-        owner=token_owner(request) if _scope is not None else None,
-    )
-    if not created:
-        if record.body_hash != digest:
-            raise Problem(
-                409,
-                "Job id in use",
-                f"job {job.job_id} exists with a different body; choose a new job_id",
-                kind="conflict",
+    # subscribed before the write: the worker may place the job before we wait
+    with services.waiters.watch(job.job_id) as placed:
+        record, created = await run_in_threadpool(
+            partial(
+                services.store.submit_job,
+                job.job_id,
+                body,
+                digest,
+                servers_needed=engine_job.servers_needed,
+                priority=job.priority,
+                deadline=body.get("deadline"),
+                owner=token_owner(request) if _scope is not None else None,
+                publish=services.publish,
             )
-        return JSONResponse(render_job(record), status_code=200)
-    services.kick_relay()
-    settled = await wait_for_job(
-        services,
-        job.job_id,
-        lambda r: r.state != "queued" or r.examined,
-        services.settings.admit_wait_s,
-    )
+        )
+        if not created:
+            if record.body_hash != digest:
+                raise Problem(
+                    409,
+                    "Job id in use",
+                    f"job {job.job_id} exists with a different body; choose a new job_id",
+                    kind="conflict",
+                )
+            return JSONResponse(render_job(record), status_code=200)
+        if services.publish is None:
+            services.kick_relay()
+        settled = await wait_for_job(
+            services,
+            job.job_id,
+            lambda r: r.state != "queued" or r.examined,
+            services.settings.admit_wait_s,
+            known=record,
+            watch=placed,
+        )
     assert settled is not None
     return JSONResponse(
         render_job(settled),
