@@ -11,7 +11,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import (
     Connection,
@@ -36,6 +36,7 @@ from .database import relaxed_commit
 from .mapping import job_from_body, placement_to_json
 
 log = logging.getLogger("lightpath.store")
+T = TypeVar("T")
 
 
 class StoreError(Exception):
@@ -238,7 +239,8 @@ class Admitted:
     left: tuple[str, ...] = ()  # chosen, but no longer queued when written: not placed
 
 
-def _chunks(items: list[str], size: int = 1000) -> Iterator[list[str]]:
+def chunks(items: Sequence[T], size: int = 1000) -> Iterator[Sequence[T]]:
+    """`items` in slices of at most `size` (bound parameters per statement stay bounded)."""
     for i in range(0, len(items), size):
         yield items[i : i + size]
 
@@ -645,7 +647,7 @@ class Store:
             with self.write_engine.begin() as conn:
                 queued: set[str] = set()
                 ids = [p.job_id for p in wanted]
-                for chunk in _chunks(ids):
+                for chunk in chunks(ids):
                     queued.update(
                         conn.execute(
                             select(j.c.job_id)
@@ -681,7 +683,7 @@ class Store:
                         [{"server_id": s, "job_id": p.job_id} for p in kept for s in p.servers],
                     )
                 # jobs placed here are marked examined by their own update
-                for chunk in _chunks([e for e in examined if e not in payloads]):
+                for chunk in chunks([e for e in examined if e not in payloads]):
                     conn.execute(
                         update(j)
                         .where(j.c.job_id.in_(chunk))

@@ -134,7 +134,7 @@ async def wait_for_job(
                 services, job_id, reached, timeout_s, known=known, watch=watch
             )
     deadline = time.monotonic() + timeout_s
-    poll_s = 0.02
+    poll_s = 0.05  # a fallback: notices wake the waiter sooner
     record = known
     while True:
         if record is None:
