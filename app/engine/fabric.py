@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from operator import attrgetter
 
 from .allocation import (
@@ -134,10 +134,15 @@ class FabricPlan:
     aggregators: AggregatorLedger
     time_division: tuple[str, ...]  # turn order; the first holds the shared ports now
     unmapped: tuple[tuple[str, str, str, int], ...]
+    # job id -> entry (the first of that id), built once: `job` is asked per job per pass
+    _by_id: dict[str, JobFabric] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_by_id", {j.job_id: j for j in reversed(self.jobs)})
 
     def job(self, job_id: str) -> JobFabric | None:
         """The job's entry, or None."""
-        return next((j for j in self.jobs if j.job_id == job_id), None)
+        return self._by_id.get(job_id)
 
 
 @dataclass(frozen=True, slots=True)
