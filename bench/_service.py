@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -102,3 +103,45 @@ def percentile(values: list[float], q: float) -> float:
         return float("nan")
     index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
     return ordered[index]
+
+
+ADMIN_POSTGRES = "postgresql://postgres@127.0.0.1:5432/postgres"
+
+
+@contextlib.contextmanager
+def stack_resources(
+    prefix: str, redis_db: int
+) -> Iterator[tuple[str, dict[str, subprocess.Popen[bytes]]]]:
+    """A fresh PostgreSQL database and a flushed Redis database for a full stack.
+
+    Yields the database name and a dict the caller fills with its processes. On
+    exit every process is resumed (if SIGSTOPped) and terminated (killed after
+    20 s), Redis is flushed and the database dropped.
+    """
+    import uuid
+
+    import psycopg
+    import redis
+
+    name = f"{prefix}_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(ADMIN_POSTGRES, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    r = redis.Redis.from_url(f"redis://127.0.0.1:6379/{redis_db}")
+    r.flushdb()
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+    try:
+        yield name, procs
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.send_signal(signal.SIGCONT)
+                p.terminate()
+        for p in procs.values():
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        r.flushdb()
+        r.close()
+        with psycopg.connect(ADMIN_POSTGRES, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

@@ -43,7 +43,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -52,12 +51,10 @@ from typing import Any
 
 import httpx
 import psycopg
-import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _service import _wait_ready, free_port, percentile  # noqa: E402
+from _service import _wait_ready, free_port, percentile, stack_resources  # noqa: E402
 
-ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
 REDIS_DB = 12  # the stream and lease keys are fixed names: a database of its own
 SEED = 20261122
 TARGET_DEMANDS_PER_S = 50_000
@@ -78,26 +75,20 @@ def full_stack(
     cluster: str = "small", api_gc_threshold: int | None = None, redis_db: int = REDIS_DB
 ) -> Iterator[FullStack]:
     """mock-oxc, worker and api as subprocesses on a fresh database; dropped after."""
-    name = f"lightpath_bench_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(ADMIN, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    r = redis.Redis.from_url(f"redis://127.0.0.1:6379/{redis_db}")
-    r.flushdb()
-    oxc, api, worker = free_port(), free_port(), free_port()
-    env = dict(
-        os.environ,
-        LIGHTPATH_DATABASE_URL=f"postgresql://postgres@127.0.0.1:5432/{name}",
-        LIGHTPATH_REDIS_URL=f"redis://127.0.0.1:6379/{redis_db}",
-        LIGHTPATH_SOUTHBOUND_URL=f"http://127.0.0.1:{oxc}",
-        LIGHTPATH_CLUSTER=cluster,
-        LIGHTPATH_RECONFIG_MS="25",
-        LIGHTPATH_MOCK_FAULT_RATE="0",
-        LIGHTPATH_LOG_LEVEL="WARNING",
-    )
-    env.pop("LIGHTPATH_API_TOKENS", None)
-    run = [sys.executable, "-m", "app.cli"]
-    procs: dict[str, subprocess.Popen[bytes]] = {}
-    try:
+    with stack_resources("lightpath_bench", redis_db) as (name, procs):
+        oxc, api, worker = free_port(), free_port(), free_port()
+        env = dict(
+            os.environ,
+            LIGHTPATH_DATABASE_URL=f"postgresql://postgres@127.0.0.1:5432/{name}",
+            LIGHTPATH_REDIS_URL=f"redis://127.0.0.1:6379/{redis_db}",
+            LIGHTPATH_SOUTHBOUND_URL=f"http://127.0.0.1:{oxc}",
+            LIGHTPATH_CLUSTER=cluster,
+            LIGHTPATH_RECONFIG_MS="25",
+            LIGHTPATH_MOCK_FAULT_RATE="0",
+            LIGHTPATH_LOG_LEVEL="WARNING",
+        )
+        env.pop("LIGHTPATH_API_TOKENS", None)
+        run = [sys.executable, "-m", "app.cli"]
         subprocess.run([*run, "migrate"], env=env, check=True, capture_output=True)
         for role, args, health in (
             ("mock-oxc", ["mock-oxc", "--port", str(oxc)], f"http://127.0.0.1:{oxc}/healthz"),
@@ -117,18 +108,6 @@ def full_stack(
             procs[role] = p
             _wait_ready(health, p)
         yield FullStack(f"http://127.0.0.1:{api}", name, {k: p.pid for k, p in procs.items()})
-    finally:
-        for p in procs.values():
-            p.terminate()
-        for p in procs.values():
-            try:
-                p.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                p.kill()
-        r.flushdb()
-        r.close()
-        with psycopg.connect(ADMIN, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 def _with_gc_threshold(threshold: int, args: list[str]) -> str:

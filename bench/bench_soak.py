@@ -40,19 +40,16 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 import httpx
 import psycopg
-import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _service import _wait_ready, free_port, percentile  # noqa: E402
+from _service import _wait_ready, free_port, percentile, stack_resources  # noqa: E402
 
-ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
 SMALL = {"dp": 2, "pp": 1}
 TABLES = (
     "jobs",
@@ -162,12 +159,13 @@ def main() -> int:
     parser.add_argument("--logs", help="write each process's log (stderr) under this directory")
     args = parser.parse_args()
 
-    name = f"lightpath_soak_{uuid.uuid4().hex[:8]}"
+    with stack_resources("lightpath_soak", args.redis_db) as (name, procs):
+        return soak(args, name, procs)
+
+
+def soak(args: argparse.Namespace, name: str, procs: dict[str, subprocess.Popen[bytes]]) -> int:
+    """The soak itself; `stack_resources` tears the processes, Redis and the database down."""
     db_url = f"postgresql://postgres@127.0.0.1:5432/{name}"
-    with psycopg.connect(ADMIN, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    r = redis.Redis.from_url(f"redis://127.0.0.1:6379/{args.redis_db}")
-    r.flushdb()
     oxc, api = free_port(), free_port()
     env = dict(
         os.environ,
@@ -188,7 +186,6 @@ def main() -> int:
     env.pop("LIGHTPATH_API_TOKENS", None)
     env.pop("LIGHTPATH_SOUTHBOUND_TOKEN", None)
     run = [sys.executable, "-m", "app.cli"]
-    procs: dict[str, subprocess.Popen[bytes]] = {}
     ports: dict[str, int] = {}
 
     def start(role: str, cmd: list[str], health: str) -> None:
@@ -434,19 +431,6 @@ def main() -> int:
         return 0 if ok else 1
     finally:
         stop.set()
-        for p in procs.values():
-            if p.poll() is None:
-                p.send_signal(signal.SIGCONT)
-                p.terminate()
-        for p in procs.values():
-            try:
-                p.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                p.kill()
-        r.flushdb()
-        r.close()
-        with psycopg.connect(ADMIN, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 if __name__ == "__main__":
