@@ -7,8 +7,10 @@ COPY app ./app
 COPY lightpath_client ./lightpath_client
 COPY migrations ./migrations
 COPY data ./data
-RUN pip install -e '.[server]' && useradd --system --uid 10001 lightpath && mkdir -p /data \
-    && chown lightpath /data
+# byte-compiled once here: PYTHONDONTWRITEBYTECODE keeps the (editable) sources from
+# being cached at run time, so every start would compile app/ again (~0.35 s)
+RUN pip install -e '.[server]' && python -m compileall -q app lightpath_client migrations \
+    && useradd --system --uid 10001 lightpath && mkdir -p /data && chown lightpath /data
 USER lightpath
 WORKDIR /data
 EXPOSE 8080

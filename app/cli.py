@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import TYPE_CHECKING, Annotated
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -73,11 +74,20 @@ def _load_cluster(settings: Settings):  # type: ignore[no-untyped-def]
         raise typer.Exit(2) from exc
 
 
-def _serve_http(app: object, host: str, port: int) -> None:
+def _serve_http(
+    app: object, host: str, port: int, on_listening: Callable[[], None] | None = None
+) -> None:
+    """Serve `app`; `on_listening` runs once the socket accepts connections."""
     import uvicorn
 
+    class Server(uvicorn.Server):
+        async def startup(self, sockets: Any = None) -> None:
+            await super().startup(sockets)
+            if on_listening is not None and not self.should_exit:
+                on_listening()
+
     config = uvicorn.Config(app, host=host, port=port, log_config=None, access_log=False)  # type: ignore[arg-type]
-    uvicorn.Server(config).run()
+    Server(config).run()
 
 
 @cli.command()
@@ -92,7 +102,7 @@ def serve(host: HostOpt = "127.0.0.1", port: PortOpt = 8080, cluster: ClusterOpt
 
     upgrade_to_head(settings)
     runtime = build_runtime(settings, topology)
-    runtime.start()
+    runtime.start(load_solver_now=False)  # once serving: start-up stays short
     log.info(
         "serving",
         extra={
@@ -103,7 +113,7 @@ def serve(host: HostOpt = "127.0.0.1", port: PortOpt = 8080, cluster: ClusterOpt
         },
     )
     try:
-        _serve_http(create_app(runtime.services), host, port)
+        _serve_http(create_app(runtime.services), host, port, on_listening=runtime.load_solver)
     finally:
         runtime.stop()
 

@@ -83,17 +83,27 @@ class Runtime:
         thread.start()
         self._threads.append(thread)
 
-    def start(self) -> None:
+    def start(self, *, load_solver_now: bool = True) -> None:
+        """Start the background loops; a worker also loads the exact solver (see below)."""
         if self.relay is not None:
             self.relay.start()
         if self.worker is not None:
-            # numpy/scipy (~0.4-0.6 s) load beside start-up instead of in front of /readyz,
-            # and in any case before the first arrival's fabric pass needs them
-            threading.Thread(target=load_solver, name="solver-import", daemon=True).start()
+            if load_solver_now:
+                self.load_solver()
             self.worker.thread_init = self.thread_init  # its fabric thread is fenced too
             self._spawn("worker", self.worker.run, self._stop, self.is_leader)
         if self.controller is not None:
             self._spawn("switch-controller", self.controller.run, self._stop, self.is_leader)
+
+    def load_solver(self) -> None:
+        """Import numpy/scipy (~0.4-0.6 s of CPU) on a thread of their own.
+
+        Not in front of /readyz, yet before the first arrival's fabric pass needs them
+        (a pass that comes sooner waits for the import, not for a second one). `serve`
+        calls this once HTTP is up, so start-up does not share the interpreter with it.
+        """
+        if self.worker is not None:
+            threading.Thread(target=load_solver, name="solver-import", daemon=True).start()
 
     def stop(self) -> None:
         self._stop.set()
