@@ -134,14 +134,15 @@ class FabricPlan:
     aggregators: AggregatorLedger
     time_division: tuple[str, ...]  # turn order; the first holds the shared ports now
     unmapped: tuple[tuple[str, str, str, int], ...]
-    # job id -> entry (the first of that id), built once: `job` is asked per job per pass
-    _by_id: dict[str, JobFabric] = field(init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "_by_id", {j.job_id: j for j in reversed(self.jobs)})
+    # job id -> entry (the first of that id), built on the first `job` call: plans are
+    # built (and replaced) more often than they are looked into
+    _by_id: dict[str, JobFabric] | None = field(default=None, init=False, repr=False, compare=False)
 
     def job(self, job_id: str) -> JobFabric | None:
         """The job's entry, or None."""
+        if self._by_id is None:
+            object.__setattr__(self, "_by_id", {j.job_id: j for j in reversed(self.jobs)})
+            assert self._by_id is not None
         return self._by_id.get(job_id)
 
 
