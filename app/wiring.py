@@ -142,7 +142,7 @@ def build_runtime(settings: Settings, cluster: Cluster, *, with_worker: bool = T
     services = _api_services(settings, cluster, store, bus)
     relay = OutboxRelay(store, bus.publish)
     services.kick_relay = relay.kick
-    services.publish = relay.publish_payload
+    services.direct_sender = relay.direct_sender
     runtime = Runtime(services, relay)
     runtime.closers.append(services.traffic.close)
     if with_worker:
@@ -228,7 +228,7 @@ def build_api_runtime(settings: Settings, cluster: Cluster) -> Runtime:
     runtime = Runtime(services, relay)
     if relay is not None:
         services.kick_relay = relay.kick
-        services.publish = relay.publish_payload
+        services.direct_sender = relay.direct_sender
     runtime.closers.append(services.traffic.close)
     runtime.closers.append(bus.close)
     if settings.southbound_url:  # only for /readyz: the worker drives the switches

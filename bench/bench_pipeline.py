@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/bench_pipeline.py [--seconds 10] [--demands 10] [--jobs 50]
                                              [--clients 8] [--profile DIR]
-                                             [--api-gc-threshold N]
+                                             [--api-gc-threshold N] [--redis-db 12]
 
 Needs wrk for the unbatched mode (a C load generator light enough to leave the
 two cores to the stack): `apt-get update && apt-get install -y wrk`. The script
@@ -433,11 +433,12 @@ def main() -> int:
     parser.add_argument(
         "--api-gc-threshold", type=int, default=None, help="gc gen-0 threshold for the api"
     )
+    parser.add_argument("--redis-db", type=int, default=REDIS_DB, help="flushed: its own")
     args = parser.parse_args()
     require_wrk()
     load_before = os.getloadavg()
     print("starting mock-oxc, worker and api on PostgreSQL and Redis ...", file=sys.stderr)
-    with full_stack(api_gc_threshold=args.api_gc_threshold) as stack:
+    with full_stack(api_gc_threshold=args.api_gc_threshold, redis_db=args.redis_db) as stack:
         print(f"ingest for {args.seconds:.0f} s per mode ...", file=sys.stderr)
         ingest = measure_ingest(stack, args.seconds, args.demands, args.clients, args.profile)
         print(f"{args.jobs} cross-pod jobs end to end ...", file=sys.stderr)

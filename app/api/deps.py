@@ -37,8 +37,11 @@ class Services:
     read_cache: JobViewCache = field(default_factory=lambda: JobViewCache(ttl_s=1.0))
     southbound: Any = None
     kick_relay: Callable[[], None] = field(default=lambda: None)
-    # sends an event the API just committed (its outbox row written as sent); None: the relay
-    publish: Callable[[dict[str, Any]], None] | None = None
+    # a sender for an event the API just committed (its outbox row written as sent), or
+    # None: the relay sends it (no relay here, or the bus is failing)
+    direct_sender: Callable[[], Callable[[dict[str, Any]], None] | None] = field(
+        default=lambda: None
+    )
     tokens: dict[str, str] | None = None  # bearer token -> scope, parsed on first use
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -13,6 +14,10 @@ from app.store import Store
 from .messages import Message, from_outbox
 
 log = logging.getLogger("lightpath.relay")
+
+# after a writer's own send fails (the bus is down), writers leave their events to the
+# relay for this long instead of each waiting for the bus's timeouts
+DIRECT_PAUSE_S = 5.0
 
 
 class OutboxRelay:
@@ -28,10 +33,28 @@ class OutboxRelay:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._drains = 0
+        self._direct_paused_until = 0.0
 
     def publish_payload(self, payload: dict[str, Any]) -> None:
         """Send one outbox payload (the relay's own drain, or a writer sending its event)."""
         self.publish(from_outbox(payload))
+
+    def direct_sender(self) -> Callable[[dict[str, Any]], None] | None:
+        """A sender for a writer's own event after its commit, or None: leave it to the relay.
+
+        None for `DIRECT_PAUSE_S` after such a send failed, so a bus outage costs
+        one request its timeout, not every request.
+        """
+        if time.monotonic() < self._direct_paused_until:
+            return None
+        return self._send_direct
+
+    def _send_direct(self, payload: dict[str, Any]) -> None:
+        try:
+            self.publish_payload(payload)
+        except Exception:
+            self._direct_paused_until = time.monotonic() + DIRECT_PAUSE_S
+            raise
 
     def drain(self) -> int:
         total = 0

@@ -193,6 +193,7 @@ async def submit_job(
         )
     refuse_if_out_of_memory(services, engine_job)
     # subscribed before the write: the worker may place the job before we wait
+    sender = services.direct_sender()
     with services.waiters.watch(job.job_id) as placed:
         record, created = await run_in_threadpool(
             partial(
@@ -204,7 +205,7 @@ async def submit_job(
                 priority=job.priority,
                 deadline=body.get("deadline"),
                 owner=token_owner(request) if _scope is not None else None,
-                publish=services.publish,
+                publish=sender,
             )
         )
         if not created:
@@ -216,7 +217,7 @@ async def submit_job(
                     kind="conflict",
                 )
             return JSONResponse(render_job(record), status_code=200)
-        if services.publish is None:
+        if sender is None:
             services.kick_relay()
         settled = await wait_for_job(
             services,

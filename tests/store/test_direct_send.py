@@ -1,0 +1,72 @@
+"""A submitted job's AdmitJob goes out from the API itself, and falls back to the relay."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from sqlalchemy import select
+
+from app.bus import InProcessBus
+from app.bus.messages import AdmitJob
+from app.bus.relay import OutboxRelay
+from app.settings import Settings
+from app.store import Store
+from app.store import tables as t
+from app.wiring import build_store
+
+
+@pytest.fixture
+def store(database_url: str) -> Iterator[Store]:
+    store = build_store(Settings(database_url=database_url))
+    yield store
+    store.dispose()
+
+
+def _submit(store: Store, job_id: str, publish: Any) -> None:
+    body = {"job_id": job_id, "parallelism": {"dp": 1, "pp": 1, "ep": 1}}
+    store.submit_job(
+        job_id, body, job_id, servers_needed=1, priority=0, deadline=None, publish=publish
+    )
+
+
+def _unpublished(store: Store) -> list[dict[str, Any]]:
+    o = t.outbox
+    with store.read_engine.connect() as conn:
+        return [r.payload for r in conn.execute(select(o).where(o.c.published_at.is_(None)))]
+
+
+def test_the_writer_sends_its_event_and_the_relay_does_not_send_it_again(store: Store) -> None:
+    bus = InProcessBus()
+    relay = OutboxRelay(store, bus.publish)
+    sender = relay.direct_sender()
+    assert sender is not None
+    _submit(store, "j1", sender)
+    assert [d.message for d in bus.consume(0.1)] == [AdmitJob("j1")]
+    assert _unpublished(store) == []
+    assert relay.drain() == 0
+
+
+def test_a_failed_send_leaves_the_event_to_the_relay_and_pauses_direct_sends(
+    store: Store,
+) -> None:
+    bus = InProcessBus()
+    down = True
+
+    def publish(message: Any) -> None:
+        if down:
+            raise ConnectionError("bus down")
+        bus.publish(message)
+
+    relay = OutboxRelay(store, publish)
+    sender = relay.direct_sender()
+    assert sender is not None
+    _submit(store, "j2", sender)  # committed all the same
+    assert store.get_job("j2") is not None
+    assert _unpublished(store) == [{"type": "AdmitJob", "job_id": "j2"}]
+    assert relay.direct_sender() is None  # the next writers go through the relay
+    down = False
+    assert relay.drain() == 1
+    assert [d.message for d in bus.consume(0.1)] == [AdmitJob("j2")]
+    assert _unpublished(store) == []
