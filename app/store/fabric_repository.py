@@ -170,12 +170,13 @@ class FabricRepository:
         now = utcnow()
         with self.store.write_engine.begin() as conn:
             replace_desired(conn, cross_connects, previous)
-            for job_id, collective in collectives.items():
+            if collectives:  # one executemany (PostgreSQL: one round trip), not one per job
                 conn.execute(
                     update(t.jobs)
-                    .where(t.jobs.c.job_id == job_id)
+                    .where(t.jobs.c.job_id == bindparam("b_job"))
                     .where(t.jobs.c.state == JobState.PLACED.value)
-                    .values(collective=collective)
+                    .values(collective=bindparam("b_collective")),
+                    [{"b_job": j, "b_collective": c} for j, c in collectives.items()],
                 )
             self._put_fact(conn, "fabric", facts, now)
             return append_decisions(conn, decisions, now)

@@ -273,7 +273,9 @@ class FabricDriver:
     def _count_since(self, before: dict[str, Accounting]) -> None:
         assert self.memory is not None
         for job_id, cycle in self.memory.state.cycles.items():  # what the events scored
-            self._count(before.get(job_id, Accounting()), cycle.accounting)
+            was = before.get(job_id)
+            if was is not cycle.accounting:  # the same object: nothing was scored
+                self._count(was or Accounting(), cycle.accounting)
 
     def _count(self, before: Accounting, after: Accounting) -> None:
         if after == before:
@@ -297,15 +299,18 @@ class FabricDriver:
         if state.fabric is None:
             return out
         sharers = len(state.turn_order)
+        cluster = state.cluster
         for jf in state.fabric.jobs:
-            inputs = (jf, sharers, state.cluster)
             seen = memory.view_inputs.get(jf.job_id)
             if (
                 seen is not None
-                and all(a is b for a, b in zip(seen, inputs, strict=True))
+                and seen[0] is jf
+                and seen[1] == sharers
+                and seen[2] is cluster
                 and jf.job_id not in memory.unviewed
             ):
                 continue
+            inputs = (jf, sharers, cluster)
             view = network_view(state, jf.job_id)
             body = collective_json(jf.collective, view.to_dict() if view else None)
             memory.view_inputs[jf.job_id] = inputs
