@@ -48,10 +48,15 @@ class Pod:
     tors: tuple[Tor, ...]
     uplink_ports: int
     aggregator_gbps: float = 0.0
+    # the pod's servers, gathered once (asked per pod by every admission and arrival)
+    _servers: tuple[Server, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_servers", tuple(s for t in self.tors for s in t.servers))
 
     @property
     def servers(self) -> tuple[Server, ...]:
-        return tuple(s for t in self.tors for s in t.servers)
+        return self._servers
 
 
 @dataclass(frozen=True, slots=True)
