@@ -175,7 +175,9 @@ def test_decisions_and_follow(live: LiveServer) -> None:
         line = follow.stdout.readline()  # blocks until the new decision is printed
         fields = line.split()
         assert int(fields[0]) == seqs[-1] + 1  # the next one, none skipped
-        assert fields[2:5] == ["placement", "d-2", "arrival"]
+        assert fields[2:4] == ["placement", "d-2"]
+        # placed by the pass its AdmitJob woke, or by a tick that saw it queued first
+        assert fields[4] in ("arrival", "reconcile")
     finally:
         follow.terminate()
         follow.wait(timeout=10)
