@@ -911,9 +911,9 @@ def _shrink_for(
                     (-len(set(needed) & set(key[1:])), work[j].slowdown(port_bps), j, key)
                     for j in isolated
                     for key, n in circuits.get(j, {}).items()
-                    if n - sum(1 for _, k in plan if k == key) > 0
-                    and key[0] == oxc
+                    if key[0] == oxc
                     and pod in key[1:]
+                    and n - sum(1 for _, k in plan if k == key) > 0
                     and work[j].have[(key[1], key[2])] - sum(1 for _, k in plan if k == key) > 1
                     and (below == math.inf or _slowdown_without(work[j], key, port_bps) < below)
                 ]
