@@ -154,7 +154,8 @@ def test_confirmed_ports_are_written_only_where_the_read_back_changed(store: Sto
     assert repo.load_failed_ports() == {"oxc-1": frozenset({7})}
 
 
-def test_a_switch_pass_that_changes_nothing_writes_nothing(store: Store) -> None:
+def _fabric_and_switches(store: Store) -> tuple[FabricDriver, SwitchController]:
+    """A fabric driver and a switch controller on mock switches that confirm at once."""
     repo = FabricRepository(store)
     metrics = WorkerMetrics()
     fabric = FabricDriver(
@@ -168,6 +169,11 @@ def test_a_switch_pass_that_changes_nothing_writes_nothing(store: Store) -> None
         on_confirmed=fabric.confirmed,
         desired_source=lambda: fabric.committed,
     )
+    return fabric, controller
+
+
+def test_a_switch_pass_that_changes_nothing_writes_nothing(store: Store) -> None:
+    fabric, controller = _fabric_and_switches(store)
     _submit(store, "wide", 12)  # more than a pod of `small`: it needs cross-connects
     schedule(store, SMALL, QueuePolicy.FIFO, backfill=True, reason="arrival")
     fabric.sync("arrival")
@@ -248,19 +254,7 @@ def test_admission_does_not_wait_for_a_fabric_pass_under_way(store: Store) -> No
 def test_a_kicked_switch_pass_reads_only_the_switches_whose_desired_state_changed(
     store: Store,
 ) -> None:
-    repo = FabricRepository(store)
-    metrics = WorkerMetrics()
-    fabric = FabricDriver(
-        repo, TrafficRepository(store), SMALL, ControllerConfig(reconfig_ms=0.0), metrics
-    )
-    controller = SwitchController(
-        repo,
-        InProcessDriver.for_cluster(SMALL, reconfig_ms=0.0),
-        SMALL,
-        metrics,
-        on_confirmed=fabric.confirmed,
-        desired_source=lambda: fabric.committed,
-    )
+    fabric, controller = _fabric_and_switches(store)
     assert set(controller.run_once(full=False).confirmed) == {o.id for o in SMALL.oxcs}
     assert controller.run_once(full=False).confirmed == {}  # nothing changed: nothing read
     _submit(store, "wide", 12)
