@@ -135,6 +135,26 @@ def submit_split(stats: Stats) -> dict[str, dict[str, float]]:
     }
 
 
+def slowest_submits(stats: Stats, t0: float, n: int = 10) -> list[dict[str, float]]:
+    """The slowest POST /v1/jobs made while a worker led: when (seconds into the run) and
+    how long after the last takeover window ended, to tell a pass's tail from a leader's
+    first passes."""
+    out = []
+    for sent, took, status in stats.submits:
+        if any(sent < end and sent + took > start for start, end in stats.leaderless):
+            continue
+        ends = [end for _start, end in stats.leaderless if end <= sent]
+        out.append(
+            {
+                "t_s": round(sent - t0, 2),
+                "ms": round(took * 1000, 1),
+                "status": status,
+                "after_takeover_s": round(sent - max(ends), 2) if ends else -1.0,
+            }
+        )
+    return sorted(out, key=lambda x: -x["ms"])[:n]
+
+
 def table_sizes(url: str) -> dict[str, int]:
     with psycopg.connect(url) as conn:
         return {
@@ -151,6 +171,11 @@ def main() -> int:
     parser.add_argument("--launchers", type=int, default=16)
     parser.add_argument("--hold-s", type=float, default=1.0)
     parser.add_argument("--redis-db", type=int, default=13)
+    parser.add_argument(
+        "--no-faults",
+        action="store_true",
+        help="no leader stall or kill: churn and traffic only (POST /v1/jobs under churn)",
+    )
     parser.add_argument(
         "--no-pace",
         action="store_true",
@@ -379,10 +404,12 @@ def soak(args: argparse.Namespace, name: str, procs: dict[str, subprocess.Popen[
 
         while time.monotonic() - t0 < args.seconds / 3:
             time.sleep(0.2)
-        takeover("stall")
+        if not args.no_faults:
+            takeover("stall")
         while time.monotonic() - t0 < 2 * args.seconds / 3:
             time.sleep(0.2)
-        takeover("kill")
+        if not args.no_faults:
+            takeover("kill")
         while time.monotonic() - t0 < args.seconds and any(th.is_alive() for th in threads):
             time.sleep(0.2)
         stop.set()
@@ -409,6 +436,7 @@ def soak(args: argparse.Namespace, name: str, procs: dict[str, subprocess.Popen[
                 for name, v in sorted(stats.latency.items())
             },
             "post_jobs_split": submit_split(stats),
+            "post_jobs_slowest_with_leader": slowest_submits(stats, t0),
             "server_errors_5xx": sum(
                 n
                 for s in stats.status.values()
