@@ -27,7 +27,7 @@ from app.settings import Settings
 from app.southbound import HttpDriver, InProcessDriver, SouthboundDriver
 from app.store import Store, create_db_engine
 from app.store.fabric_repository import FabricRepository
-from app.store.fencing import Fence
+from app.store.fencing import UNFENCED, Fence
 from app.store.retention import Retention, RetentionPolicy
 from app.store.traffic_repository import TrafficRepository
 from app.worker import Worker
@@ -40,8 +40,13 @@ __all__ = ["ConfigError", "Runtime", "build_runtime", "load_cluster"]
 
 
 def build_store(settings: Settings) -> Store:
+    """SQLite: a write engine (BEGIN IMMEDIATE) and a read engine; PostgreSQL: one pool, its
+    reads marked unfenced (the lease's fence guards writes only)."""
     write = create_db_engine(settings, for_writes=True)
-    read = create_db_engine(settings, for_writes=False) if settings.is_sqlite else write
+    if settings.is_sqlite:
+        read = create_db_engine(settings, for_writes=False)
+    else:
+        read = write.execution_options(**{UNFENCED: True})
     return Store(write, read)
 
 

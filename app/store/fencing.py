@@ -8,6 +8,10 @@ row of the lease FOR SHARE and compares it with the lease's current token:
 - no token (the lease lapsed by local time) or one the row does not hold: the
   transaction is refused with `Fenced` before it reads or writes anything.
 
+Reads are not fenced: a deposed leader reading changes nothing. The store's
+read engine marks its connections `UNFENCED` (on PostgreSQL it shares the
+write pool), so a read makes no extra round trip and takes no row lock.
+
 A new leader first raises the row to its token, once, in a short transaction of
 its own (on Postgres; SQLite has one writer and raises in place). The shared
 row locks are held until each transaction ends, so the raise waits for any
@@ -39,6 +43,10 @@ from .repository import StoreError
 log = logging.getLogger("lightpath.fencing")
 
 TOKEN_KEY = "fence_token"
+# an execution option marking an engine's connections as reads: the fence guards writes, so
+# a read (on PostgreSQL, the store's read engine shares the write pool) skips its round trip
+# and the row lock it would take
+UNFENCED = "lightpath_unfenced"
 
 
 class Fenced(StoreError):
@@ -81,7 +89,11 @@ class Fence:
         event.remove(self.engine, "begin", self._on_begin)
 
     def _on_begin(self, conn: Any) -> None:
-        if threading.get_ident() not in self._threads or getattr(self._local, "raising", False):
+        if (
+            threading.get_ident() not in self._threads
+            or getattr(self._local, "raising", False)
+            or conn.get_execution_options().get(UNFENCED)
+        ):
             conn.info.pop(TOKEN_KEY, None)
             return
         mine = self.token()

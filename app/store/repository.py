@@ -351,8 +351,9 @@ class Store:
         self.read_engine = read_engine or write_engine
 
     def dispose(self) -> None:
+        shared = self.read_engine.pool is self.write_engine.pool  # read options over one pool
         self.write_engine.dispose()
-        if self.read_engine is not self.write_engine:
+        if not shared:
             self.read_engine.dispose()
 
     def ping(self) -> None:

@@ -168,3 +168,20 @@ def test_a_leader_whose_token_fell_behind_advances_and_writes_on_its_next_pass(
         _write(new_store, fence, "refused")
     assert _write(new_store, fence, "after") == [2]
     assert _tokens(new_store) == [(1, "before the reset", 7), (2, "after", 8)]
+
+
+def test_reads_are_not_fenced_writes_are(stores: tuple[Store, Store]) -> None:
+    """A deposed leader may still read (it changes nothing); its writes are refused. On
+    PostgreSQL reads share the write pool, marked so the fence makes no round trip for them."""
+    store, _ = stores
+    fence = Fence(store.write_engine, lambda: None)  # the lease lapsed
+
+    def read() -> int:
+        fence.bind_current_thread()
+        with store.read_engine.connect() as conn:
+            return int(conn.execute(select(t.decisions.c.seq).limit(1)).all() == [])
+
+    assert _in_thread(read) == 1
+    with pytest.raises(Fenced):
+        _write(store, fence, "lapsed")
+    assert fence.refused == 1
