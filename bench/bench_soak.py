@@ -76,6 +76,8 @@ class Stats:
         # POST /v1/jobs: (sent at, seconds, status), to split the tail by outcome and by
         # whether a leader was in place (takeover windows)
         self.submits: list[tuple[float, float, int]] = []
+        # the API's own account of each POST /v1/jobs (Server-Timing: store, decide), in ms
+        self.server_ms: dict[float, dict[str, float]] = {}
         self.leaderless: list[tuple[float, float]] = []  # (signal, new leader seen)
 
     def call(self, client: httpx.Client, name: str, method: str, path: str, **kw: Any) -> Any:
@@ -94,12 +96,24 @@ class Stats:
                 self.latency[name].append(took)
                 self.status[name][r.status_code] += 1
                 if name == "POST /v1/jobs":
-                    self.submits.append((time.monotonic() - took, took, r.status_code))
+                    sent = time.monotonic() - took
+                    self.submits.append((sent, took, r.status_code))
+                    self.server_ms[sent] = server_timing(r.headers.get("server-timing", ""))
             if r.status_code == 503:
                 time.sleep(float(r.headers.get("retry-after", "1")))
                 continue
             return r
         raise RuntimeError(f"{name}: no answer")
+
+
+def server_timing(header: str) -> dict[str, float]:
+    """`store;dur=1.2, decide;dur=3.4` -> {"store": 1.2, "decide": 3.4}."""
+    out = {}
+    for part in header.split(","):
+        name, _, dur = part.strip().partition(";dur=")
+        if name and dur:
+            out[name] = float(dur)
+    return out
 
 
 def rss_mb(pid: int) -> float:
@@ -135,10 +149,11 @@ def submit_split(stats: Stats) -> dict[str, dict[str, float]]:
     }
 
 
-def slowest_submits(stats: Stats, t0: float, n: int = 10) -> list[dict[str, float]]:
-    """The slowest POST /v1/jobs made while a worker led: when (seconds into the run) and
-    how long after the last takeover window ended, to tell a pass's tail from a leader's
-    first passes."""
+def slowest_submits(stats: Stats, t0: float, n: int = 10) -> list[dict[str, Any]]:
+    """The slowest POST /v1/jobs made while a worker led: when (seconds into the run), how
+    long after the last takeover window ended (a pass's tail or a leader's first passes),
+    and the API's Server-Timing (its write and its wait for the scheduler; the rest of the
+    client's time is queueing outside the handler: the event loop, the client, the CPU)."""
     out = []
     for sent, took, status in stats.submits:
         if any(sent < end and sent + took > start for start, end in stats.leaderless):
@@ -150,6 +165,7 @@ def slowest_submits(stats: Stats, t0: float, n: int = 10) -> list[dict[str, floa
                 "ms": round(took * 1000, 1),
                 "status": status,
                 "after_takeover_s": round(sent - max(ends), 2) if ends else -1.0,
+                "server_ms": stats.server_ms.get(sent, {}),
             }
         )
     return sorted(out, key=lambda x: -x["ms"])[:n]

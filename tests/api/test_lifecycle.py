@@ -33,6 +33,11 @@ def test_delete_cancels_placed_and_queued_jobs(server: LiveServer) -> None:
         placed = c.post("/v1/jobs", json=job("big", dp=16, pp=2))
         assert placed.status_code == 201
         assert placed.headers["location"] == "/v1/jobs/big"
+        # where the API's time went: the durable write, then the scheduler's decision
+        timing = dict(
+            part.strip().split(";dur=") for part in placed.headers["server-timing"].split(",")
+        )
+        assert set(timing) == {"store", "decide"} and all(float(v) >= 0 for v in timing.values())
         queued = c.post("/v1/jobs", json=job("waiting", dp=4, pp=1))
         assert queued.status_code == 202 and queued.headers["location"] == "/v1/jobs/waiting"
         small = c.post("/v1/jobs", json=job("small", dp=1, pp=1))

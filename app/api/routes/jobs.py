@@ -148,6 +148,14 @@ async def wait_for_job(
 
 
 _LOCATION = {"Location": {"description": "the job's URL", "schema": {"type": "string"}}}
+_SUBMITTED = {
+    **_LOCATION,
+    "Server-Timing": {
+        "description": "milliseconds this API spent on the request: `store` (the durable "
+        "write) and `decide` (waiting for the scheduler's first decision)",
+        "schema": {"type": "string"},
+    },
+}
 
 
 @router.post(
@@ -158,8 +166,8 @@ _LOCATION = {"Location": {"description": "the job's URL", "schema": {"type": "st
     operation_id="submitJob",
     responses={
         200: {"model": JobOut, "description": "this job_id exists with the same body"},
-        201: {"description": "placed at once", "headers": _LOCATION},
-        202: {"model": JobOut, "description": "accepted and queued", "headers": _LOCATION},
+        201: {"description": "placed at once", "headers": _SUBMITTED},
+        202: {"model": JobOut, "description": "accepted and queued", "headers": _SUBMITTED},
         409: {"description": "this job_id exists with a different body", "content": _PROBLEMS},
         422: {"description": "invalid, or can never fit this cluster", "content": _PROBLEMS},
     },
@@ -194,6 +202,7 @@ async def submit_job(
     refuse_if_out_of_memory(services, engine_job)
     # subscribed before the write: the worker may place the job before we wait
     sender = services.direct_sender()
+    started = time.perf_counter()
     with services.waiters.watch(job.job_id) as placed:
         record, created = await run_in_threadpool(
             partial(
@@ -219,6 +228,7 @@ async def submit_job(
             return JSONResponse(render_job(record), status_code=200)
         if sender is None:
             services.kick_relay()
+        stored = time.perf_counter()
         settled = await wait_for_job(
             services,
             job.job_id,
@@ -228,10 +238,16 @@ async def submit_job(
             watch=placed,
         )
     assert settled is not None
+    decided = time.perf_counter()
     return JSONResponse(
         render_job(settled),
         status_code=201 if settled.state == "placed" else 202,
-        headers={"Location": job_location(job.job_id)},
+        headers={
+            "Location": job_location(job.job_id),
+            # where the time went: the durable write, then the wait for the scheduler
+            "Server-Timing": f"store;dur={(stored - started) * 1000:.1f}, "
+            f"decide;dur={(decided - stored) * 1000:.1f}",
+        },
     )
 
 
