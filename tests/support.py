@@ -11,7 +11,7 @@ import uvicorn
 
 from app.api import create_app
 from app.settings import Settings
-from app.wiring import Runtime, build_runtime, load_cluster
+from app.wiring import Runtime, build_api_runtime, build_runtime, load_cluster
 
 
 def free_port() -> int:
@@ -23,8 +23,11 @@ def free_port() -> int:
 class LiveServer:
     """The whole embedded service (API, relay, worker) serving real HTTP."""
 
-    def __init__(self, settings: Settings, port: int | None = None) -> None:
+    def __init__(
+        self, settings: Settings, port: int | None = None, *, api_only: bool = False
+    ) -> None:
         self.settings = settings
+        self.api_only = api_only  # the API process alone: no worker decides anything
         self.port = port or free_port()
         self.runtime: Runtime | None = None
         self._server: uvicorn.Server | None = None
@@ -40,7 +43,8 @@ class LiveServer:
 
     def start(self) -> None:
         cluster = load_cluster(self.settings.cluster, self.settings.reconfig_ms)
-        self.runtime = build_runtime(self.settings, cluster)
+        build = build_api_runtime if self.api_only else build_runtime
+        self.runtime = build(self.settings, cluster)
         self.runtime.start()
         config = uvicorn.Config(
             create_app(self.runtime.services),

@@ -776,6 +776,18 @@ class Store:
             value = conn.execute(select(func.max(t.decisions.c.seq))).scalar()
         return int(value or 0)
 
+    def job_and_free_servers(self, job_id: str, total: int) -> tuple[JobRecord | None, int]:
+        """A job and how many of `total` servers no job holds, in one statement (one
+        snapshot: a job read as queued was not placed when the servers were counted)."""
+        used = select(func.count()).select_from(t.server_assignments).scalar_subquery()
+        with self.read_engine.connect() as conn:
+            row = conn.execute(
+                select(t.jobs, used.label("used_servers")).where(t.jobs.c.job_id == job_id)
+            ).first()
+        if row is None:
+            return None, self.count_free_servers(total)
+        return _job_record(row), total - int(row.used_servers or 0)
+
     def count_free_servers(self, total: int) -> int:
         with self.read_engine.connect() as conn:
             used = conn.execute(select(func.count()).select_from(t.server_assignments)).scalar()

@@ -241,3 +241,43 @@ def test_backfill_admits_small_jobs_while_the_head_waits(server: LiveServer) -> 
             c.post(f"/v1/jobs/{job_id}/complete")
         placed = c.get("/v1/jobs/head", params={"wait_for": "placed", "timeout_s": 10}).json()
         assert placed["state"] == "placed"
+
+
+def test_a_job_too_big_for_the_free_servers_gets_202_without_waiting_for_a_pass(
+    settings: Settings,
+) -> None:
+    """With too few servers free, a job is queued whatever a pass would add: the API answers
+    202 at once (with why). A job that might fit still waits for the scheduler's decision,
+    here up to the admit wait, since no worker runs beside this API."""
+    import time
+
+    from app.engine.job import Placement, Unit
+    from app.wiring import build_store, load_cluster
+
+    servers = list(load_cluster("small").server_ids)
+    store = build_store(settings)
+    try:
+        body = {"job_id": "holder", "parallelism": {"dp": 30, "pp": 1}}
+        store.submit_job("holder", body, "h", servers_needed=30, priority=0, deadline=None)
+        units = tuple(Unit(s, 0, i, 0) for i, s in enumerate(servers[:30]))
+        store.record_admission(
+            [Placement("holder", units)], examined=[], queue_reasons={}, reason="arrival"
+        )
+    finally:
+        store.dispose()
+    live = LiveServer(settings.model_copy(update={"admit_wait_s": 1.5}), api_only=True)
+    live.start()
+    try:
+        with live.client() as c:
+            start = time.monotonic()
+            too_big = c.post("/v1/jobs", json=job("four", dp=4, pp=1))
+            took = time.monotonic() - start
+            assert too_big.status_code == 202, too_big.text
+            assert too_big.json()["queue_reason"] == "needs 4 servers, 2 free"
+            assert took < 1.0, f"waited {took:.2f} s for a 202 the free count decided"
+            start = time.monotonic()
+            fits = c.post("/v1/jobs", json=job("two", dp=2, pp=1))
+            assert fits.status_code == 202  # nobody decided: answered at the admit wait
+            assert time.monotonic() - start >= 1.4
+    finally:
+        live.stop()

@@ -13,6 +13,7 @@ import datetime as dt
 import hashlib
 import json
 import time
+from dataclasses import replace
 from functools import partial
 from typing import Annotated, Any, Literal
 from urllib.parse import quote
@@ -181,7 +182,8 @@ async def submit_job(
     """Submit a job; 201 if placed at once, 202 if queued, idempotent by `job_id`.
 
     The request is durable once answered. The call waits briefly (at most
-    `LIGHTPATH_ADMIT_WAIT_S`) for the scheduler's first decision.
+    `LIGHTPATH_ADMIT_WAIT_S`) for the scheduler's first decision, except for a job
+    needing more servers than are free now: 202 at once, `queue_reason` saying so.
     """
     body = job.stored_body()
     digest = body_hash(body)
@@ -229,14 +231,27 @@ async def submit_job(
         if sender is None:
             services.kick_relay()
         stored = time.perf_counter()
-        settled = await wait_for_job(
-            services,
-            job.job_id,
-            lambda r: r.state != "queued" or r.examined,
-            services.settings.admit_wait_s,
-            known=record,
-            watch=placed,
+        # too few servers are free for it: it is queued now, whatever a scheduling pass
+        # would add; answered without waiting for one (the worker still gets its message)
+        now, free = await run_in_threadpool(
+            services.store.job_and_free_servers, job.job_id, services.cluster.server_count
         )
+        settled: JobRecord | None
+        if now is not None and now.state == "queued" and free < engine_job.servers_needed:
+            settled = replace(
+                now,
+                queue_reason=now.queue_reason
+                or f"needs {engine_job.servers_needed} servers, {free} free",
+            )
+        else:
+            settled = await wait_for_job(
+                services,
+                job.job_id,
+                lambda r: r.state != "queued" or r.examined,
+                services.settings.admit_wait_s,
+                known=now or record,
+                watch=placed,
+            )
     assert settled is not None
     decided = time.perf_counter()
     return JSONResponse(
