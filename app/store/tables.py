@@ -55,6 +55,13 @@ jobs = Table(
     # How a job ended: the launcher's exit code and reason (failed, cancelled).
     Column("exit_code", Integer, nullable=True),
     Column("end_reason", Text, nullable=True),
+    # retention deletes ended jobs oldest first (only ended jobs have completed_at)
+    Index(
+        "ix_jobs_completed_at",
+        "completed_at",
+        postgresql_where=text("completed_at IS NOT NULL"),
+        sqlite_where=text("completed_at IS NOT NULL"),
+    ),
 )
 
 # Which job holds each server. The primary key makes double booking impossible.

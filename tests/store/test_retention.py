@@ -169,3 +169,23 @@ def test_an_idempotency_key_is_forgotten_after_its_window(store: Store) -> None:
         assert again[0] == 1 and again[1] > first[1]
     finally:
         traffic.close()
+
+
+def test_ended_jobs_are_found_for_retention_by_an_index(store: Store) -> None:
+    """Retention takes ended jobs oldest first by `completed_at`: an index serves that
+    order, so a pass does not read every ended job of the window."""
+    from sqlalchemy import inspect, text
+
+    with store.write_engine.connect() as conn:
+        indexes = {i["name"]: i["column_names"] for i in inspect(conn).get_indexes("jobs")}
+        assert indexes.get("ix_jobs_completed_at") == ["completed_at"]
+        if conn.dialect.name == "postgresql":
+            conn.exec_driver_sql("SET enable_seqscan = off")
+            conn.exec_driver_sql("SET enable_sort = off")  # the index must give the order
+            plan = conn.execute(
+                text(
+                    "EXPLAIN SELECT job_id FROM jobs WHERE state IN ('completed', 'failed') "
+                    "AND completed_at < now() ORDER BY completed_at LIMIT 500"
+                )
+            ).scalars()
+            assert "ix_jobs_completed_at" in "\n".join(plan)
