@@ -219,6 +219,11 @@ class JobCycle:
     confirmed_period: bool = False  # a predicted period came true at least once
     accounting: Accounting = Accounting()
     last_plan: str | None = None
+    # the topology held between per-phase rewirings: HELD_PLAN (the pp+dp topology of
+    # placement) or the plan whose own circuits serve the learned cycle fastest; `home_of`
+    # is what it was chosen from (recomputed only when that changes)
+    home: str = HELD_PLAN
+    home_of: tuple[object, ...] = ()
 
     @property
     def target(self) -> str:
@@ -696,7 +701,7 @@ def _score(cycle: JobCycle, plan_id: str, started_at_s: float) -> JobCycle:
         return replace(cycle, accounting=cycle.accounting.plus("miss", exposed))
     if install.target == plan_id:
         return replace(cycle, accounting=cycle.accounting.plus("hit"))
-    if install.target == HELD_PLAN:
+    if install.target in (HELD_PLAN, cycle.home):
         return replace(cycle, accounting=cycle.accounting.plus("held"))
     return replace(cycle, accounting=cycle.accounting.plus("miss"))
 
@@ -723,6 +728,7 @@ def _observed(
     cycle = replace(
         cycle, predictor=predictor, arrivals=arrivals, ends=ends, confirmed_period=confirmed
     )
+    cycle = _choose_home(state, jf, cycle)
     target, fits = _next_target(state, jf, cycle, e.at_s)
     if fits is not None:
         period = predictor.period or 1
@@ -758,9 +764,8 @@ def _learn_plan(
     gains = dict(cycle.gains)
     if plan_id != EMPTY_PLAN_ID and jf.slice.mode == MODE_ISOLATED:
         budget = dict(jf.slice.pod_ports)
-        # circuits are full duplex: each pair planned on its larger direction both ways
-        matrix = DemandMatrix.from_pairs(demand.pairs())
-        if all(p in budget for p in matrix.pod_ids):
+        matrix = _slice_matrix(demand, budget)
+        if matrix is not None:
             own = plan_topology(cluster, matrix, budget)
             held = evaluate_circuits(matrix, jf.plan.circuits, budget, cluster.nic_gbps)
             circuits[plan_id] = own.circuits
@@ -783,15 +788,18 @@ def _next_target(
         return None, None
     predictor = cycle.predictor
     nxt = predictor.next_plan
+    home = cycle.home
     if predictor.period is None or nxt is None or not cycle.confirmed_period:
         return HELD_PLAN, None
-    wanted = nxt if cycle.gains.get(nxt, 0.0) > MIN_GAIN else None
-    if nxt == EMPTY_PLAN_ID or (wanted is None and cycle.target != HELD_PLAN):
-        # an idle phase needs no circuits; a plan the held topology serves as well
+    wanted = nxt if nxt != home and cycle.gains.get(nxt, 0.0) > MIN_GAIN else None
+    if nxt == home:
+        wanted = home
+    if nxt == EMPTY_PLAN_ID or (wanted is None and cycle.target != home):
+        # an idle phase needs no circuits; a plan the home topology serves as well
         # keeps what is installed, unless that is another plan's topology
-        wanted = cycle.target if nxt == EMPTY_PLAN_ID else HELD_PLAN
+        wanted = cycle.target if nxt == EMPTY_PLAN_ID else home
     if wanted is None:
-        wanted = HELD_PLAN
+        wanted = home
     if wanted == cycle.target:
         return wanted, None
     gap = should_preinstall(
@@ -802,14 +810,102 @@ def _next_target(
         guard_ms=state.config.guard_ms,
     )
     if not gap.fits:
+        if wanted == home and _home_pays_exposed(state, jf, cycle):
+            return home, None  # once: the cycle it saves every iteration outweighs the wait
         return None, False  # keep what is installed: a rewiring now would be exposed
-    if not all(cycle.fits) and wanted != HELD_PLAN:
-        return HELD_PLAN, True  # a rewiring missed its gap lately: hold until they fit again
-    if wanted != HELD_PLAN and not _way_back(state, jf, cycle, wanted):
+    if not all(cycle.fits) and wanted != home:
+        return home, True  # a rewiring missed its gap lately: hold until they fit again
+    if wanted != home and not _way_back(state, jf, cycle, wanted):
         # the phase after this one would run on `wanted`'s circuits and lose there
         # more than `wanted` gains: a one-way rewiring costs more than it saves
-        return (HELD_PLAN, True) if cycle.target != HELD_PLAN else (HELD_PLAN, None)
+        return (home, True) if cycle.target != home else (home, None)
     return wanted, True
+
+
+def _circuits_of(jf: JobFabric, cycle: JobCycle, target: str) -> PodCircuits | None:
+    """The circuits a target stands for: the placement's pp+dp plan, or a plan's own."""
+    return jf.plan.circuits if target == HELD_PLAN else cycle.circuits.get(target)
+
+
+def _slice_matrix(demand: DemandMatrix, budget: Mapping[str, int]) -> DemandMatrix | None:
+    """A phase's demand, by direction, over every pod of the job's slice; None when it
+    leaves the slice.
+
+    Circuits are full duplex and a phase's traffic may relay through any pod of the
+    slice (two hops), so a one-way ring's pod with few ports can take its inbound
+    traffic on every circuit's one direction and its outbound on the other: planned
+    on each pair's larger direction both ways, the same ring needs twice the time.
+    """
+    entries = demand.entries()
+    if any(p not in budget or q not in budget for p, q, _ in entries):
+        return None
+    return DemandMatrix.from_entries(sorted(budget), entries)
+
+
+def _phase_s(state: ControllerState, jf: JobFabric, demand: DemandMatrix, on: PodCircuits) -> float:
+    """One phase's transfer time on some circuits of the job's slice."""
+    budget = dict(jf.slice.pod_ports)
+    matrix = _slice_matrix(demand, budget)
+    if matrix is None:
+        return math.inf
+    return evaluate_circuits(matrix, on, budget, state.cluster.nic_gbps).completion_s
+
+
+def _cycle_s(state: ControllerState, jf: JobFabric, cycle: JobCycle, on: PodCircuits) -> float:
+    """The learned cycle's busy phases on one topology held throughout."""
+    queue = [q for q in cycle.predictor.queue if q != EMPTY_PLAN_ID]
+    return sum(_phase_s(state, jf, cycle.demands[q], on) for q in queue)
+
+
+def _choose_home(state: ControllerState, jf: JobFabric, cycle: JobCycle) -> JobCycle:
+    """The topology to hold: the placement's pp+dp plan, or a plan's own circuits when they
+    serve the learned cycle's phases, one after another, faster held throughout.
+
+    The pp+dp plan serves the two phases' demands as if they overlapped; the phases of
+    an iteration come one after the other, so the plan of the heavier phase (DP's ring)
+    often serves the whole cycle better. Chosen once the period came true and every busy
+    phase of it was seen; recomputed only when the slice, the period or the plans change.
+    """
+    predictor = cycle.predictor
+    queue = tuple(q for q in predictor.queue if q != EMPTY_PLAN_ID)
+    if (
+        jf.slice.mode != MODE_ISOLATED
+        or not cycle.confirmed_period
+        or not queue
+        or any(q not in cycle.demands for q in queue)
+    ):
+        return cycle if cycle.home == HELD_PLAN else replace(cycle, home=HELD_PLAN, home_of=())
+    key: tuple[object, ...] = (
+        queue,
+        jf.slice.pod_ports,
+        jf.plan.circuits,
+        tuple(cycle.circuits.get(q) for q in queue),
+    )
+    if key == cycle.home_of:
+        return cycle
+    budget = dict(jf.slice.pod_ports)
+    best, best_s = HELD_PLAN, _cycle_s(state, jf, cycle, jf.plan.circuits)
+    for q in sorted(set(queue)):
+        own = cycle.circuits.get(q)
+        if own is None or any(own.row_sum(p) > budget.get(p, 0) for p in own.pod_ids):
+            continue  # not learned on this slice
+        took = _cycle_s(state, jf, cycle, own)
+        if took < best_s * (1.0 - MIN_GAIN):
+            best, best_s = q, took
+    return replace(cycle, home=best, home_of=key)
+
+
+def _home_pays_exposed(state: ControllerState, jf: JobFabric, cycle: JobCycle) -> bool:
+    """Moving to the home topology with the reconfiguration exposed (no gap fits one): worth
+    it when one cycle on it saves more than the reconfiguration costs, since the job then
+    stays there (the saving repeats every iteration, the wait does not)."""
+    now, home = _circuits_of(jf, cycle, cycle.target), _circuits_of(jf, cycle, cycle.home)
+    if now is None or home is None or cycle.target not in (HELD_PLAN, *cycle.demands):
+        return False
+    if any(q not in cycle.demands for q in cycle.predictor.queue if q != EMPTY_PLAN_ID):
+        return False
+    reconfig_s = (state.config.reconfig_ms + state.config.guard_ms) / 1000.0
+    return _cycle_s(state, jf, cycle, now) - _cycle_s(state, jf, cycle, home) > reconfig_s
 
 
 def _way_back(state: ControllerState, jf: JobFabric, cycle: JobCycle, wanted: str) -> bool:
@@ -833,17 +929,11 @@ def _way_back(state: ControllerState, jf: JobFabric, cycle: JobCycle, wanted: st
         return True
     after, mine = cycle.demands.get(follow), cycle.demands.get(wanted)
     circuits = cycle.circuits.get(wanted)
-    if after is None or mine is None or circuits is None:
+    home = _circuits_of(jf, cycle, cycle.home)
+    if after is None or mine is None or circuits is None or home is None:
         return False
-    budget = dict(jf.slice.pod_ports)
-    nic = state.cluster.nic_gbps
-
-    def seconds(demand: DemandMatrix, on: PodCircuits) -> float:
-        matrix = DemandMatrix.from_pairs(demand.pairs())
-        return evaluate_circuits(matrix, on, budget, nic).completion_s
-
-    gain = seconds(mine, jf.plan.circuits) - seconds(mine, circuits)
-    loss = seconds(after, circuits) - seconds(after, jf.plan.circuits)
+    gain = _phase_s(state, jf, mine, home) - _phase_s(state, jf, mine, circuits)
+    loss = _phase_s(state, jf, after, circuits) - _phase_s(state, jf, after, home)
     return gain > loss
 
 
@@ -853,7 +943,7 @@ def _rewire(
     """Re-map the job's circuits inside its slice for `target`; routing follows."""
     cluster = state.cluster
     cycle = state.cycles[jf.job_id]
-    circuits = jf.plan.circuits if target == HELD_PLAN else cycle.circuits.get(target)
+    circuits = _circuits_of(jf, cycle, target)
     if circuits is None:
         return state, ()
     mine = tuple(cc for cc in state.desired if cc.job_id == jf.job_id)

@@ -174,3 +174,59 @@ def test_no_one_way_rewiring_when_the_way_back_has_no_gap() -> None:
     assert acc.hits + acc.held + acc.misses == 80
     assert acc.misses <= 2, acc
     assert acc.held >= 78
+
+
+def ring_job(job_id: str, servers: dict[int, int]) -> PlacedJob:
+    """A dp ring (pp = 1) with `servers[pod]` ranks in each pod, in pod order."""
+    where = [(pod, k) for pod, n in sorted(servers.items()) for k in range(n)]
+    job = Job(job_id, Parallelism(dp=len(where), pp=1), ModelFacts(2e9, 2.0, 3e7, 8))
+    units = tuple(
+        Unit(SMALL.pods[pod].tors[0].servers[k].id, 0, rank, 0)
+        for rank, (pod, k) in enumerate(where)
+    )
+    return PlacedJob(job, Placement(job_id, units))
+
+
+def one_way_ring(pods: int, size: float) -> DemandMatrix:
+    """pod-0 -> pod-1 -> ... -> pod-0, `size` bytes each way round."""
+    ids = [f"pod-{i}" for i in range(pods)]
+    return DemandMatrix.from_entries(
+        ids, [(ids[i], ids[(i + 1) % pods], size) for i in range(pods)]
+    )
+
+
+def test_a_one_way_ring_is_planned_by_direction_and_rewired_to_its_own_circuits() -> None:
+    """Each circuit carries traffic both ways. A one-way ring through a pod with half the
+    ports of the others, planned by direction, relays round it over the other pods and
+    uses every circuit's idle direction: half the time of the ring planned pair by pair
+    on each pair's larger direction. The controller learns that and rewires to the
+    ring's own circuits; planned both ways it saw no gain and held."""
+    pj = ring_job("r", {0: 2, 1: 1, 2: 2, 3: 2})
+    ring = one_way_ring(4, 40e9)
+    result = replay_trace(SMALL, CONFIG, [placed(pj), *phases("r", 1.0, 0.5, 30, plans=(ring,))])
+    acc = result.accounting("r")
+    assert acc.hits >= 25, acc
+    assert acc.exposed_s == 0.0
+    assert any(d.reason == "prediction" and d.kind == "oxc" for _, d in result.decisions)
+
+
+def test_a_job_holds_the_topology_that_serves_its_whole_cycle_best() -> None:
+    """A light phase and the heavy one-way ring follow each other with no gap a rewiring
+    fits in: per-phase circuits are out of reach, yet the ring's own circuits serve the
+    whole cycle faster than the topology of placement. The job moves there once (its
+    wait exposed: the saving repeats every iteration, the wait does not) and holds it:
+    ring phases hit, light phases are held, nothing more is switched."""
+    pj = ring_job("h", {0: 2, 1: 1, 2: 2, 3: 2})
+    ring = one_way_ring(4, 40e9)
+    light = DemandMatrix.from_entries(["pod-0", "pod-2"], [("pod-0", "pod-2", 1e8)])
+    events: list[Event] = [placed(pj)]
+    for k in range(40):
+        t = 1.0 + 0.3 * k
+        events.append(PhaseObserved("h", light, t, t + 0.005))
+        events.append(PhaseObserved("h", ring, t + 0.005, t + 0.295))
+    result = replay_trace(SMALL, CONFIG, events)
+    acc = result.accounting("h")
+    assert acc.hits + acc.held + acc.misses == 80
+    assert acc.hits >= 35, acc
+    assert acc.reconfigurations == 2, acc  # placement's topology, then the ring's, once
+    assert acc.exposed_s <= 0.030, acc
