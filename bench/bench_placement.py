@@ -22,7 +22,9 @@ Bounds (exit 1 when missed):
 - place_job thread CPU time p99 <= 5 ms per job on seed-15k (wall time is
   printed beside it with the load average; on a shared machine it also holds
   the time other processes ran);
-- fill >= 95% in every trace-like trial, over at least MIN_JUDGED trials.
+- fill >= 95% in every trace-like trial, over at least MIN_JUDGED trials
+  (it holds over the default 60; trial 114 of 120 holds a 128-server ep=2 job that
+  no placer fits at 93.12%, see bench/README).
 
 Usage: .venv/bin/python bench/bench_placement.py [--trials N]   (default 60)
 """
