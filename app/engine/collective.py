@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from .cluster import Cluster
@@ -224,7 +224,7 @@ def _pair(p: str, q: str) -> tuple[str, str]:
 
 def _per_flow_bps(
     cluster: Cluster,
-    crossings: Counter[tuple[str, str]],
+    crossings: Mapping[tuple[str, str], int],
     pod_gbps: Mapping[tuple[str, str], float] | None,
 ) -> float:
     """Bandwidth per flow on the most loaded pod pair (directed flow counts, duplex circuits)."""
@@ -235,35 +235,62 @@ def _per_flow_bps(
     return min(server, gbps_to_bytes_per_s(worst))
 
 
-def _ring_crossings(cluster: Cluster, rings: Iterable[Sequence[str]]) -> Counter[tuple[str, str]]:
-    """Directed pod pairs crossed by ring edges member i -> i+1 (wrapping)."""
-    out: Counter[tuple[str, str]] = Counter()
-    for ring in rings:
-        pods = [cluster.server(s).pod_id for s in ring]
-        if len(pods) > 1:
-            for a, b in zip(pods, pods[1:] + pods[:1], strict=True):
-                if a != b:
-                    out[(a, b)] += 1
+# Where a DP group's members sit, in the group's (fabric) order: (pod id, ToR id)
+# per member. Groups with the same signature cost the same, and a wide job has
+# many alike (ep x pp groups), so the estimate works per distinct signature.
+_Signature = tuple[tuple[str, str], ...]
+
+
+def _signatures(cluster: Cluster, groups: Iterable[Sequence[str]]) -> list[_Signature]:
+    """Each group's signature, every server looked up once."""
+    server = cluster.server
+    seen: dict[str, tuple[str, str]] = {}
+    out = []
+    for members in groups:
+        sig = []
+        for s in members:
+            loc = seen.get(s)
+            if loc is None:
+                x = server(s)
+                loc = seen[s] = (x.pod_id, x.tor_id)
+            sig.append(loc)
+        out.append(tuple(sig))
     return out
 
 
-def _pod_groups(cluster: Cluster, members: Sequence[str]) -> list[list[str]]:
-    """Members split by pod, or by ToR when they share one pod."""
-    by_pod: dict[str, list[str]] = {}
-    for s in members:
-        by_pod.setdefault(cluster.server(s).pod_id, []).append(s)
+def _ring_crossings(
+    rings: Iterable[tuple[Sequence[str], int]],
+) -> Counter[tuple[str, str]]:
+    """Directed pod pairs crossed by ring edges member i -> i+1 (wrapping).
+
+    Each ring is given as its members' pods and how many rings alike there are.
+    """
+    out: Counter[tuple[str, str]] = Counter()
+    for pods, times in rings:
+        if len(pods) > 1:
+            for a, b in zip(pods, [*pods[1:], pods[0]], strict=True):
+                if a != b:
+                    out[(a, b)] += times
+    return out
+
+
+def _pod_groups(sig: _Signature) -> dict[str, int]:
+    """Members per pod (in order of appearance), or per ToR when they share one pod."""
+    by_pod: dict[str, int] = {}
+    for pod, _ in sig:
+        by_pod[pod] = by_pod.get(pod, 0) + 1
     if len(by_pod) > 1:
-        return list(by_pod.values())
-    by_tor: dict[str, list[str]] = {}
-    for s in members:
-        by_tor.setdefault(cluster.server(s).tor_id, []).append(s)
-    return list(by_tor.values())
+        return by_pod
+    by_tor: dict[str, int] = {}
+    for _, tor in sig:
+        by_tor[tor] = by_tor.get(tor, 0) + 1
+    return by_tor
 
 
 def _inc_offer(
     cluster: Cluster,
     job_id: str,
-    groups: Sequence[Sequence[str]],
+    sigs: Sequence[_Signature],
     ledger: AggregatorLedger,
     pod_gbps: Mapping[tuple[str, str], float] | None,
 ) -> _IncOffer:
@@ -275,48 +302,36 @@ def _inc_offer(
     pod's spine. Every aggregator takes streams x r of its free capacity.
     """
     free = ledger.release(job_id)
+    free_of: dict[str, float] = {}  # one ledger scan per switch, not per use
+
+    def free_gbps(switch: str) -> float:
+        got = free_of.get(switch)
+        if got is None:
+            got = free_of[switch] = free.free_gbps(cluster, switch)
+        return got
+
     floor = MIN_INC_SHARE * cluster.server_gbps
-    streams: Counter[str] = Counter()
-    crossings: Counter[tuple[str, str]] = Counter()
+    streams: dict[str, int] = {}
+    crossings: dict[tuple[str, str], int] = {}
     roots: list[tuple[int, str]] = []
     levels = 1
-    for i, members in enumerate(groups):
-        tors = Counter(cluster.server(s).tor_id for s in members)
-        if len(tors) == 1:
-            streams.update(tors)
-            continue
-        levels = 2
-        pods = Counter(cluster.server(s).pod_id for s in members)
-        # the root pod: most members, then most free spine aggregation
-        root_pod = max(pods, key=lambda p: (pods[p], free.free_gbps(cluster, p), p))
-        root_tor = max(
-            (t for t in tors if cluster.tors_by_id[t].pod_id == root_pod),
-            key=lambda t: (tors[t], t),
-        )
-        roots.append((i, root_tor))
-        into_root = 0
-        for pod in pods:
-            inputs = 0  # streams into this pod's spine
-            for t, n in tors.items():
-                if cluster.tors_by_id[t].pod_id != pod:
-                    continue
-                if n >= 2 and free.free_gbps(cluster, t) / n >= floor:
-                    streams[t] += n  # members into the ToR aggregator, one partial up
-                    inputs += 1
-                else:
-                    inputs += n  # one member, or a full ToR aggregator: straight up
-            if pod == root_pod:
-                into_root += inputs
-                continue
-            if inputs >= 2:
-                streams[pod] += inputs  # this pod's spine combines them first
-            into_root += 1  # one partial per pod over a circuit to the root spine
-            crossings[(pod, root_pod)] += 1
-        streams[root_pod] += into_root
+    # per signature: (streams per switch, pod pairs crossed, root ToR or "" for one ToR)
+    seen: dict[_Signature, tuple[dict[str, int], dict[tuple[str, str], int], str]] = {}
+    for i, sig in enumerate(sigs):
+        hit = seen.get(sig)
+        if hit is None:
+            hit = seen[sig] = _inc_group(sig, free_gbps, floor)
+        for sw, n in hit[0].items():
+            streams[sw] = streams.get(sw, 0) + n
+        if hit[2]:
+            levels = 2
+            for pair, n in hit[1].items():
+                crossings[pair] = crossings.get(pair, 0) + n
+            roots.append((i, hit[2]))
     rate = cluster.server_gbps
     full = []
     for sw, n in sorted(streams.items()):
-        avail = free.free_gbps(cluster, sw)
+        avail = free_gbps(sw)
         cap = aggregator_capacity(cluster, sw)
         if avail / n < floor:
             full.append(f"{sw} {avail:g}/{cap:g} Gbps free for {n} streams")
@@ -328,10 +343,50 @@ def _inc_offer(
     if rate <= 0:
         return _IncOffer(0.0, (), levels, tuple(roots), "no optical circuits to the INC root")
     grants = tuple(
-        AggregatorGrant(sw, job_id, min(n * rate, free.free_gbps(cluster, sw)))
+        AggregatorGrant(sw, job_id, min(n * rate, free_gbps(sw)))
         for sw, n in sorted(streams.items())
     )
     return _IncOffer(rate, grants, levels, tuple(roots), "")
+
+
+def _inc_group(
+    sig: _Signature, free_gbps: Callable[[str], float], floor: float
+) -> tuple[dict[str, int], dict[tuple[str, str], int], str]:
+    """One DP group's aggregator streams, pod pairs crossed and root ToR ("" under one ToR)."""
+    tors: dict[str, int] = {}
+    pods: dict[str, int] = {}
+    pod_of_tor: dict[str, str] = {}
+    for pod, tor in sig:
+        tors[tor] = tors.get(tor, 0) + 1
+        pods[pod] = pods.get(pod, 0) + 1
+        pod_of_tor[tor] = pod
+    streams: dict[str, int] = {}
+    crossings: dict[tuple[str, str], int] = {}
+    if len(tors) == 1:
+        return tors, crossings, ""
+    # the root pod: most members, then most free spine aggregation
+    root_pod = max(pods, key=lambda p: (pods[p], free_gbps(p), p))
+    root_tor = max((t for t in tors if pod_of_tor[t] == root_pod), key=lambda t: (tors[t], t))
+    into_root = 0
+    for pod in pods:
+        inputs = 0  # streams into this pod's spine
+        for t, n in tors.items():
+            if pod_of_tor[t] != pod:
+                continue
+            if n >= 2 and free_gbps(t) / n >= floor:
+                streams[t] = n  # members into the ToR aggregator, one partial up
+                inputs += 1
+            else:
+                inputs += n  # one member, or a full ToR aggregator: straight up
+        if pod == root_pod:
+            into_root += inputs
+            continue
+        if inputs >= 2:
+            streams[pod] = inputs  # this pod's spine combines them first
+        into_root += 1  # one partial per pod over a circuit to the root spine
+        crossings[(pod, root_pod)] = 1
+    streams[root_pod] = into_root
+    return streams, crossings, root_tor
 
 
 def estimate_costs(
@@ -344,26 +399,32 @@ def estimate_costs(
 ) -> tuple[dict[Collective, float], _IncOffer]:
     """Seconds per algorithm for the job's slowest DP group, and the INC offer behind it."""
     size = gradient_bytes(job) if size_bytes is None else size_bytes
-    groups = dp_groups(cluster, placement)
+    sigs = _signatures(cluster, dp_groups(cluster, placement))
+    alike = Counter(sigs)
     server = gbps_to_bytes_per_s(cluster.server_gbps)
-    ring_b = _per_flow_bps(cluster, _ring_crossings(cluster, groups), pod_gbps)
-    split = [_pod_groups(cluster, g) for g in groups]
-    shards = [min(len(x) for x in parts) for parts in split]
+    ring_b = _per_flow_bps(
+        cluster, _ring_crossings(([p for p, _ in sig], n) for sig, n in alike.items()), pod_gbps
+    )
+    split = {sig: _pod_groups(sig) for sig in alike}
+    # hierarchical ring: the k-th member of every part forms a ring across the
+    # parts, k < the smallest part; parts split by ToR share a pod (no crossing)
     inter = _ring_crossings(
-        cluster,
-        (
-            [part[k] for part in parts]
-            for parts, n in zip(split, shards, strict=True)
-            for k in range(n)
-        ),
+        (list(parts), n * min(parts.values()))
+        for sig, n in alike.items()
+        for parts in [split[sig]]
+        if len({p for p, _ in sig}) > 1
     )
     inter_b = _per_flow_bps(cluster, inter, pod_gbps)
-    offer = _inc_offer(cluster, job.job_id, groups, ledger, pod_gbps)
+    offer = _inc_offer(cluster, job.job_id, sigs, ledger, pod_gbps)
+    sizes = {len(sig) for sig in alike}
     costs = {
-        ALGO_RING: max((ring_time_s(len(g), size, ring_b) for g in groups), default=0.0),
-        ALGO_TREE: max((tree_time_s(len(g), size, ring_b) for g in groups), default=0.0),
+        ALGO_RING: max((ring_time_s(n, size, ring_b) for n in sizes), default=0.0),
+        ALGO_TREE: max((tree_time_s(n, size, ring_b) for n in sizes), default=0.0),
         ALGO_HIERARCHICAL_RING: max(
-            (hierarchical_ring_time_s([len(x) for x in p], size, server, inter_b) for p in split),
+            (
+                hierarchical_ring_time_s(list(parts.values()), size, server, inter_b)
+                for parts in split.values()
+            ),
             default=0.0,
         ),
         ALGO_INC: inc_time_s(size, gbps_to_bytes_per_s(offer.rate_gbps), offer.levels)

@@ -7,15 +7,21 @@ clock or use unseeded randomness.
 A job with degrees (ep, dp, pp) is dp*pp EP groups of ep servers; a unit is
 (stage, dp_rank, ep_rank) on one server. Placement runs in two steps:
 
-1. Slots (fragmentation): pick ToRs that hold whole EP groups, fewest pods and
-   ToRs first, best-fit for the tail, so partly used ToRs and pods are filled
-   before whole ones are broken up. Free servers stay in large blocks and a big
-   job still finds whole pods later. When the free ToRs hold too few whole EP
-   groups, groups may span the ToRs of one pod (the pod's non-blocking
-   electrical Clos carries their all-to-all; the reason says so), never pods;
-   a job waits only when the pods hold too few EP groups. A job spanning pods
-   prefers pods with free uplink ports (`ports_free`); one inside a pod prefers
-   pods whose uplinks are taken.
+1. Slots (fragmentation): a pod holds free_servers // ep EP groups. A job goes
+   into one pod when one holds it (else the fewest pods, largest first,
+   best-fit for the tail): the pod whose leftover strands the fewest servers
+   for later EP groups of the common widths 2, 4 and 8 (a look-ahead: 11
+   servers left on a 75-server pod strand 7, 8 left strand none), then best
+   fit, so partly used pods are filled before whole ones are broken up and a
+   big job still finds whole pods later; then a pod where every group fits
+   under a ToR. An EP job thus takes the 7- and 3-server gaps whole-ToR groups
+   leave on 15-server ToRs rather than break a whole pod.
+   Inside a pod, groups go under one ToR while a ToR of that pod has room, the
+   smallest ToRs first (scraps are used, whole ToRs stay whole); only then do
+   they span the pod's ToRs (its non-blocking electrical Clos carries their
+   all-to-all; the reason says so), never pods. A job waits only when the pods
+   hold too few EP groups. A job spanning pods prefers pods with free uplink
+   ports (`ports_free`); one inside a pod prefers pods whose uplinks are taken.
 2. Layout (communication): map the groups onto those slots in a few candidate
    orders (a stage's DP replicas together, whole pipelines together, or DP ranks
    blocked by pod) and keep the one with the lowest estimated iteration
@@ -120,21 +126,25 @@ def place_job(
     slots = _choose_slots(cluster, free, job, agg, ports)
     if slots is None:
         return Unplaceable(job.job_id, (NOT_NOW_BUSY,))
+    # every candidate layout uses the same servers: look their pods and ToRs up once
+    pod_of = {s: slot.pod_id for slot in slots for s in slot.servers}
+    tor_of = {s: cluster.server(s).tor_id for s in pod_of}
     scored: list[tuple[LayoutEstimate, list[Unit], int]] = []
     for name, order in _candidate_orders(job, slots):
         units = _units(order, slots)
-        scored.append((_estimate(cluster, job, units, name, ledger, ports), units, len(scored)))
+        estimate = _estimate(cluster, job, units, name, ledger, ports, pod_of)
+        scored.append((estimate, units, len(scored)))
     estimates = [e for e, _, _ in scored]
     fastest = min(e.total_s for e in estimates)
     # ties (within 0.1%) go to the layout whose DP groups straddle fewest ToRs:
     # aggregation then stays in one switch and spreads over switches
     chosen = min(
         scored,
-        key=lambda c: (c[0].total_s > fastest * 1.001, _straddling(cluster, c[1]), c[2]),
+        key=lambda c: (c[0].total_s > fastest * 1.001, _straddling(tor_of, c[1]), c[2]),
     )
     best = (chosen[0], chosen[1])
     pods = len({s.pod_id for s in slots})
-    tors = len({cluster.server(u.server).tor_id for u in best[1]})
+    tors = len(set(tor_of.values()))
     reason = _reason(best[0], estimates, pods, tors)
     if any(not s.tor_id for s in slots):
         reason += "; " + EP_SPANS_TORS
@@ -151,90 +161,145 @@ def _choose_slots(
     agg: Mapping[str, float],
     ports: Mapping[str, int],
 ) -> list[_Slot] | None:
-    """EP-group slots for the job: fewest pods, then fewest ToRs, best-fit at the tail.
+    """EP-group slots for the job: fewest pods, best-fit pods, then ToRs inside each pod.
 
-    EP groups stay under one ToR while the free ToRs hold enough of them; when
-    they do not, groups may span the ToRs of one pod (never pods).
+    A pod holds free_servers // ep groups: groups go under one ToR while a ToR
+    of the pod has room, and span ToRs of that pod only when none has (never
+    pods). Choosing the pod by its free servers rather than by whole-ToR room is
+    what lets ToR remainders (7 and 3 on 15-server ToRs) be used.
     """
     ep = job.parallelism.ep
     need = job.parallelism.dp * job.parallelism.pp
     free_by_tor: dict[str, list[str]] = {}
-    pod_cap: dict[str, int] = {}
     pod_free: dict[str, int] = {}
-    for pod in cluster.pods:
-        cap = count = 0
-        for tor in pod.tors:
-            ids = [s.id for s in tor.servers if s.id in free]
-            free_by_tor[tor.id] = ids
-            cap += len(ids) // ep
-            count += len(ids)
-        pod_cap[pod.id] = cap
-        pod_free[pod.id] = count
-    spanning = sum(pod_cap.values()) < need
-    if spanning:
-        # no ToR-whole room: an EP group may take servers from several ToRs of a pod
-        pod_cap = {p: n // ep for p, n in pod_free.items()}
-        if sum(pod_cap.values()) < need:
-            return None
-    elif need * ep <= max(len(t.servers) for p in cluster.pods for t in p.tors):
-        single = _best_single_tor(cluster, free_by_tor, pod_free, need, ep, agg, ports)
-        if single is not None:
-            return _slots_in(single, free_by_tor[single.id], need, ep)
-    pods = _pick_pods(cluster, pod_cap, pod_free, need, ep, ports)
+    for pod_id, tors in _server_ids(cluster):
+        count = 0
+        for tor_id, ids in tors:
+            here = [s for s in ids if s in free]
+            free_by_tor[tor_id] = here
+            count += len(here)
+        pod_free[pod_id] = count
+    pod_cap = {p: n // ep for p, n in pod_free.items()}
+    if sum(pod_cap.values()) < need:
+        return None
     slots: list[_Slot] = []
-    for pod, take in pods:
-        if spanning:
-            slots.extend(_spanning_slots(pod, free_by_tor, take, ep))
-            continue
-        tors = _pick(
-            [(t, len(free_by_tor[t.id]) // ep) for t in pod.tors],
-            take,
-            tail_key=lambda t, cap: (len(free_by_tor[t.id]), -agg.get(t.id, t.aggregator_gbps)),
-            largest_first=False,
-        )
-        for tor, k in tors:
-            slots.extend(_slots_in(tor, free_by_tor[tor.id], k, ep))
+    for pod, take in _pick_pods(cluster, free_by_tor, pod_cap, pod_free, need, ep, ports, agg):
+        slots.extend(_slots_in_pod(pod, free_by_tor, take, ep, agg))
     assert len(slots) == need, "slot accounting is broken"
     return slots
 
 
-# EP widths the pods' leftovers are kept divisible by, widest first
-_ALIGN = (8, 4, 2)
+_IDS: dict[
+    int, tuple[Cluster, tuple[tuple[str, tuple[tuple[str, tuple[str, ...]], ...]], ...]]
+] = {}
 
 
-def _misfit(left: int) -> int:
-    """How badly a pod's leftover free servers divide into EP groups: 0 when by 8."""
-    for k, width in enumerate(_ALIGN):
-        if left % width == 0:
-            return k
-    return len(_ALIGN)
+def _server_ids(
+    cluster: Cluster,
+) -> tuple[tuple[str, tuple[tuple[str, tuple[str, ...]], ...]], ...]:
+    """(pod id, ((ToR id, server ids), ...)) in fabric order, memoised per cluster value."""
+    hit = _IDS.get(id(cluster))
+    if hit is not None and hit[0] is cluster:
+        return hit[1]
+    ids = tuple(
+        (p.id, tuple((t.id, tuple(s.id for s in t.servers)) for t in p.tors)) for p in cluster.pods
+    )
+    if len(_IDS) > 8:  # a handful of clusters per process; keep the memo small
+        _IDS.clear()
+    _IDS[id(cluster)] = (cluster, ids)
+    return ids
+
+
+def _slots_in_pod(
+    pod: Pod,
+    free_by_tor: Mapping[str, list[str]],
+    groups: int,
+    ep: int,
+    agg: Mapping[str, float],
+) -> list[_Slot]:
+    """`groups` EP groups in one pod: under one ToR each while a ToR has room, then spanning.
+
+    ToRs are taken smallest first until one holds the rest (best fit), so scraps
+    are used and whole ToRs stay whole; ties go to the idlest aggregator. Groups
+    no ToR holds take the leftovers, largest first (fewest ToRs per group).
+    """
+    capacities = [(t, len(free_by_tor[t.id]) // ep) for t in pod.tors]
+    if sum(cap for _, cap in capacities) >= groups:
+        tors = _pick(
+            capacities,
+            groups,
+            tail_key=lambda t, cap: (len(free_by_tor[t.id]), -agg.get(t.id, t.aggregator_gbps)),
+            largest_first=False,
+        )
+    else:  # no ToR holds the rest: every whole group first, the others span
+        tors = [(t, cap) for t, cap in capacities if cap > 0]
+    slots: list[_Slot] = []
+    used: dict[str, int] = {}
+    for tor, k in tors:
+        slots.extend(_slots_in(tor, free_by_tor[tor.id], k, ep))
+        used[tor.id] = k * ep
+    if len(slots) < groups:
+        leftovers = [
+            s
+            for t in sorted(pod.tors, key=lambda t: -(len(free_by_tor[t.id]) - used.get(t.id, 0)))
+            for s in free_by_tor[t.id][used.get(t.id, 0) :]
+        ]
+        for k in range(groups - len(slots)):
+            slots.append(_Slot(tuple(leftovers[k * ep : (k + 1) * ep]), "", pod.id))
+    return slots
+
+
+# EP widths common enough that a pod's leftover free servers should divide by them
+_COMMON_EP = (2, 4, 8)
+
+
+def _waste(left: int) -> int:
+    """Servers a pod's leftover would strand, summed over the common EP widths.
+
+    Look-ahead for later EP jobs: a leftover of 8 strands none, one of 11 (a
+    64-server job on a 75-server pod) strands 1 + 3 + 3, one of 3 strands 1 + 3 + 3.
+    """
+    return sum(left % width for width in _COMMON_EP)
 
 
 def _pick_pods(
     cluster: Cluster,
+    free_by_tor: Mapping[str, list[str]],
     pod_cap: Mapping[str, int],
     pod_free: Mapping[str, int],
     need: int,
     ep: int,
     ports: Mapping[str, int],
+    agg: Mapping[str, float],
 ) -> list[tuple[Pod, int]]:
     """Pods and how many groups each takes: one pod if any holds the job, else fewest.
 
-    Inside one pod: best fit, ties to the pod with fewest free uplinks (the job
-    needs none). Across pods: the largest first (fewest pods), ties to pods with
-    free uplinks (the job's circuits need ports on every pod it spans); the tail
+    Inside one pod: the pod whose leftover strands fewest servers for later EP
+    groups (`_waste`), then best fit (fewest free servers: emptier pods stay
+    whole for big jobs), then one where every group fits under a ToR, then
+    fewest free uplinks (the job needs none), then the idlest aggregator.
+    Across pods: the largest first (fewest pods), ties to pods with free
+    uplinks (the job's circuits need ports on every pod it spans); the tail
     best-fit, ties to pods with free uplinks.
     """
     pool = [p for p in cluster.pods if pod_cap[p.id] > 0]
     fitting = [p for p in pool if pod_cap[p.id] >= need]
     if fitting:
+
+        def spans(p: Pod) -> bool:
+            return sum(len(free_by_tor[t.id]) // ep for t in p.tors) < need
+
+        def idlest_aggregator(p: Pod) -> float:
+            return max(agg.get(t.id, t.aggregator_gbps) for t in p.tors)
+
         best = min(
             fitting,
             key=lambda p: (
-                _misfit(pod_free[p.id] - need * ep),
-                pod_cap[p.id],
+                _waste(pod_free[p.id] - need * ep),
                 pod_free[p.id],
+                spans(p),
                 ports[p.id],
+                -idlest_aggregator(p),
                 p.id,
             ),
         )
@@ -265,58 +330,6 @@ def _pick_pods(
         chosen.append((pod, pod_cap[pod.id]))
         remaining -= pod_cap[pod.id]
     return chosen
-
-
-def _spanning_slots(
-    pod: Pod, free_by_tor: Mapping[str, list[str]], groups: int, ep: int
-) -> list[_Slot]:
-    """`groups` EP groups in one pod: ToR-whole ones first, then from the leftovers."""
-    slots: list[_Slot] = []
-    leftovers: list[str] = []
-    for tor in sorted(pod.tors, key=lambda t: -len(free_by_tor[t.id])):
-        ids = free_by_tor[tor.id]
-        whole = min(len(ids) // ep, groups - len(slots))
-        slots.extend(_slots_in(tor, ids, whole, ep))
-        leftovers.extend(ids[whole * ep :])
-    while len(slots) < groups:
-        k = len(slots) - sum(1 for s in slots if s.tor_id)
-        group = tuple(leftovers[k * ep : (k + 1) * ep])
-        slots.append(_Slot(group, "", pod.id))
-    return slots
-
-
-def _best_single_tor(
-    cluster: Cluster,
-    free_by_tor: Mapping[str, list[str]],
-    pod_free: Mapping[str, int],
-    need: int,
-    ep: int,
-    agg: Mapping[str, float],
-    ports: Mapping[str, int],
-) -> Tor | None:
-    """The ToR that fits the whole job leaving the fewest free servers behind.
-
-    Ties go to the fullest pod (empty pods stay whole for big jobs), then to the
-    pod with fewest free uplinks (this job needs none), then to the idlest
-    aggregator (balances INC load), then to fabric order.
-    """
-    best: Tor | None = None
-    best_key: tuple[float, ...] = ()
-    for pod in cluster.pods:
-        for tor in pod.tors:
-            n = len(free_by_tor[tor.id])
-            if n // ep < need:
-                continue
-            key = (
-                _misfit(pod_free[pod.id] - need * ep),
-                n - need * ep,
-                pod_free[pod.id],
-                ports.get(pod.id, 0),
-                -agg.get(tor.id, tor.aggregator_gbps),
-            )
-            if best is None or key < best_key:
-                best, best_key = tor, key
-    return best
 
 
 def _pick(
@@ -425,11 +438,11 @@ def _dp_groups_per_switch(pp: int, dp: int, slots: Sequence[_Slot]) -> list[tupl
     return [o for o in order if o is not None]
 
 
-def _straddling(cluster: Cluster, units: Sequence[Unit]) -> int:
+def _straddling(tor_of: Mapping[str, str], units: Sequence[Unit]) -> int:
     """DP groups (stage, ep_rank) whose members sit under more than one ToR."""
     tors: dict[tuple[int, int], set[str]] = {}
     for u in units:
-        tors.setdefault((u.stage, u.ep_rank), set()).add(cluster.server(u.server).tor_id)
+        tors.setdefault((u.stage, u.ep_rank), set()).add(tor_of[u.server])
     return sum(1 for t in tors.values() if len(t) > 1)
 
 
@@ -461,10 +474,10 @@ def _estimate(
     name: str,
     ledger: AggregatorLedger,
     ports: Mapping[str, int],
+    pod_of: Mapping[str, str],
 ) -> LayoutEstimate:
     """DP phase by `collective.estimate_costs`, PP phase by `_pp_phase_s`."""
     par = job.parallelism
-    pod_of = {u.server: cluster.server(u.server).pod_id for u in units}
     share = _uplink_share_gbps(cluster, pod_of, ports)
     by_key = {(u.stage, u.dp_rank, u.ep_rank): u.server for u in units}
     pipelines = [

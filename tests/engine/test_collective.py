@@ -3,28 +3,46 @@
 from __future__ import annotations
 
 import math
+from collections import Counter
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.engine.cluster import preset
+from app.engine.cluster import Cluster, build_cluster, preset
 from app.engine.collective import (
     ALPHA_INC_S,
     ALPHA_RING_S,
+    MIN_INC_SHARE,
     REDUCE_S_PER_BYTE,
     AggregatorGrant,
     AggregatorLedger,
     CollectiveChoice,
+    aggregator_capacity,
     choose_collective,
     choose_iteration_collective,
+    estimate_costs,
+    gbps_to_bytes_per_s,
     hierarchical_ring_time_s,
     inc_time_s,
     ring_time_s,
     tree_time_s,
 )
 from app.engine.job import Collective, Job, ModelFacts, Parallelism, Placement, Unit
+from app.engine.traffic import dp_groups, gradient_bytes
 
 SMALL = preset("small")
+# 3 pods x 3 ToRs x 3 servers, ToR and spine aggregators: groups span ToRs and pods
+_THREE_BY_THREE = build_cluster(
+    "three",
+    pods=3,
+    tors_per_pod=3,
+    servers_per_tor=3,
+    uplink_ports_per_pod=6,
+    oxcs=2,
+    oxc_ports=9,
+    aggregator_gbps=800.0,
+    pod_aggregator_gbps=1600.0,
+)
 
 
 def _job(
@@ -244,3 +262,166 @@ def test_the_iteration_choice_follows_aggregators_filling_and_freeing() -> None:
         headers.append((dp.algorithm, dp.inc, dp.aggregators))
     assert headers[0][1] and not headers[1][1] and headers[2][1]
     assert headers[0] == headers[2] and headers[0] != headers[1]
+
+
+def _reference_costs(
+    cluster: Cluster,
+    job: Job,
+    placement: Placement,
+    ledger: AggregatorLedger,
+    pod_gbps: dict[tuple[str, str], float] | None,
+) -> tuple[dict[str, float], tuple[float, int, tuple[tuple[int, str], ...], str]]:
+    """estimate_costs written plainly, group by group (as it was before it worked per
+    distinct group signature); the fast one must agree with it exactly."""
+    pod = {s: cluster.server(s).pod_id for s in placement.servers}
+    tor = {s: cluster.server(s).tor_id for s in placement.servers}
+    size = gradient_bytes(job)
+    groups = dp_groups(cluster, placement)
+
+    def crossings(rings: list[list[str]]) -> Counter[tuple[str, str]]:
+        out: Counter[tuple[str, str]] = Counter()
+        for ring in rings:
+            pods = [pod[s] for s in ring]
+            if len(pods) > 1:
+                for a, b in zip(pods, pods[1:] + pods[:1], strict=True):
+                    if a != b:
+                        out[(a, b)] += 1
+        return out
+
+    def per_flow(x: Counter[tuple[str, str]]) -> float:
+        full = gbps_to_bytes_per_s(cluster.server_gbps)
+        if pod_gbps is None or not x:
+            return full
+        worst = min(pod_gbps.get(tuple(sorted(k)), 0.0) / n for k, n in x.items())  # type: ignore[arg-type]
+        return min(full, gbps_to_bytes_per_s(worst))
+
+    def parts(members: tuple[str, ...]) -> list[list[str]]:
+        by_pod: dict[str, list[str]] = {}
+        for s in members:
+            by_pod.setdefault(pod[s], []).append(s)
+        if len(by_pod) > 1:
+            return list(by_pod.values())
+        by_tor: dict[str, list[str]] = {}
+        for s in members:
+            by_tor.setdefault(tor[s], []).append(s)
+        return list(by_tor.values())
+
+    ring_b = per_flow(crossings([list(g) for g in groups]))
+    split = [parts(g) for g in groups]
+    inter = crossings([[p[k] for p in ps] for ps in split for k in range(min(len(p) for p in ps))])
+    inter_b = per_flow(inter)
+    # INC, group by group
+    free = ledger.release(job.job_id)
+    floor = MIN_INC_SHARE * cluster.server_gbps
+    streams: Counter[str] = Counter()
+    inc_x: Counter[tuple[str, str]] = Counter()
+    roots: list[tuple[int, str]] = []
+    levels = 1
+    for i, members in enumerate(groups):
+        tors = Counter(tor[s] for s in members)
+        if len(tors) == 1:
+            streams.update(tors)
+            continue
+        levels = 2
+        pods = Counter(pod[s] for s in members)
+        root_pod = max(pods, key=lambda p: (pods[p], free.free_gbps(cluster, p), p))
+        root_tor = max(
+            (t for t in tors if cluster.tors_by_id[t].pod_id == root_pod),
+            key=lambda t: (tors[t], t),
+        )
+        roots.append((i, root_tor))
+        into_root = 0
+        for p in pods:
+            inputs = 0
+            for t, n in tors.items():
+                if cluster.tors_by_id[t].pod_id != p:
+                    continue
+                if n >= 2 and free.free_gbps(cluster, t) / n >= floor:
+                    streams[t] += n
+                    inputs += 1
+                else:
+                    inputs += n
+            if p == root_pod:
+                into_root += inputs
+                continue
+            if inputs >= 2:
+                streams[p] += inputs
+            into_root += 1
+            inc_x[(p, root_pod)] += 1
+        streams[root_pod] += into_root
+    rate = cluster.server_gbps
+    full = False
+    for sw, n in sorted(streams.items()):
+        avail = free.free_gbps(cluster, sw)
+        full = full or avail / n < floor
+        rate = min(rate, avail / n)
+    if pod_gbps is not None and inc_x:
+        rate = min(rate, per_flow(inc_x) * 8 / 1e9)
+    inc = math.inf if full or rate <= 0 else inc_time_s(size, gbps_to_bytes_per_s(rate), levels)
+    costs = {
+        "ring": max((ring_time_s(len(g), size, ring_b) for g in groups), default=0.0),
+        "tree": max((tree_time_s(len(g), size, ring_b) for g in groups), default=0.0),
+        "hierarchical_ring": max(
+            (
+                hierarchical_ring_time_s(
+                    [len(x) for x in p], size, gbps_to_bytes_per_s(cluster.server_gbps), inter_b
+                )
+                for p in split
+            ),
+            default=0.0,
+        ),
+        "inc": inc,
+    }
+    return costs, (0.0 if math.isinf(inc) else rate, levels, tuple(roots), "")
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.data())
+def test_estimate_costs_agrees_with_the_plain_group_by_group_version(data: st.DataObject) -> None:
+    cluster = data.draw(st.sampled_from([SMALL, _THREE_BY_THREE]))
+    ids = list(cluster.server_ids)
+    ep = data.draw(st.integers(1, 3))
+    dp = data.draw(st.integers(1, 6))
+    pp = data.draw(st.integers(1, 3))
+    n = ep * dp * pp
+    if n > len(ids):
+        return
+    servers = data.draw(st.permutations(ids))[:n]
+    if data.draw(st.booleans()):  # contiguous blocks, as placement makes them
+        start = data.draw(st.integers(0, len(ids) - n))
+        servers = ids[start : start + n]
+    units = tuple(
+        Unit(servers[(s * dp + d) * ep + e], s, d, e)
+        for s in range(pp)
+        for d in range(dp)
+        for e in range(ep)
+    )
+    placement = Placement("j", units)
+    job = Job(
+        "j",
+        Parallelism(dp=dp, pp=pp, ep=ep),
+        ModelFacts(data.draw(st.sampled_from([1e8, 7e10])), 2.0),
+    )
+    tors = [t.id for p in cluster.pods for t in p.tors]
+    held = data.draw(st.lists(st.sampled_from(tors + [p.id for p in cluster.pods]), max_size=4))
+    ledger = AggregatorLedger(
+        tuple(
+            AggregatorGrant(
+                sw, "other", data.draw(st.floats(0, 1)) * aggregator_capacity(cluster, sw)
+            )
+            for sw in dict.fromkeys(held)
+        )
+    )
+    pods = sorted(p.id for p in cluster.pods)
+    pod_gbps = data.draw(
+        st.none()
+        | st.fixed_dictionaries(
+            {(a, b): st.floats(0, 800) for i, a in enumerate(pods) for b in pods[i + 1 :]}
+        )
+    )
+    costs, offer = estimate_costs(cluster, job, placement, ledger, pod_gbps)
+    expected, (rate, levels, roots, _) = _reference_costs(cluster, job, placement, ledger, pod_gbps)
+    assert {str(k): v for k, v in costs.items()} == expected
+    assert (offer.levels, offer.root_tors) == (levels, roots)
+    if math.isfinite(expected["inc"]):
+        assert offer.rate_gbps == rate

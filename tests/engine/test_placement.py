@@ -35,16 +35,33 @@ def _check(cluster: Cluster, free: set[str], job: Job, placement: Placement) -> 
     keys = [(u.stage, u.dp_rank, u.ep_rank) for u in placement.units]
     expected = {(s, d, e) for s in range(par.pp) for d in range(par.dp) for e in range(par.ep)}
     assert len(keys) == len(expected) and set(keys) == expected  # every unit exactly once
-    tor_of_group: dict[tuple[int, int], set[str]] = {}
-    pod_of_group: dict[tuple[int, int], set[str]] = {}
+    group_of: dict[tuple[int, int], list[str]] = {}
     for u in placement.units:
-        tor_of_group.setdefault((u.stage, u.dp_rank), set()).add(cluster.server(u.server).tor_id)
-        pod_of_group.setdefault((u.stage, u.dp_rank), set()).add(cluster.server(u.server).pod_id)
-    assert all(len(pods) == 1 for pods in pod_of_group.values())  # EP never across pods
-    if _capacity(cluster, free, par.ep) >= par.dp * par.pp:
-        assert all(len(tors) == 1 for tors in tor_of_group.values())  # EP under one ToR
-    else:
-        assert "span ToRs of one pod" in placement.reason
+        group_of.setdefault((u.stage, u.dp_rank), []).append(u.server)
+    spanning_pods: set[str] = set()
+    whole_in_tor: dict[str, int] = {}  # servers of ToR-whole groups per ToR
+    for members in group_of.values():
+        pods = {cluster.server(s).pod_id for s in members}
+        tors = {cluster.server(s).tor_id for s in members}
+        assert len(pods) == 1  # EP never across pods
+        if len(tors) > 1:
+            spanning_pods |= pods
+        else:
+            (tor,) = tors
+            whole_in_tor[tor] = whole_in_tor.get(tor, 0) + len(members)
+    # A group spans ToRs only when, once the job's ToR-whole groups are in, no ToR
+    # of its pod has room for a whole group; and the reason says so exactly then.
+    for pod_id in spanning_pods:
+        for tor in cluster.pods_by_id[pod_id].tors:
+            room = sum(1 for s in tor.servers if s.id in free) - whole_in_tor.get(tor.id, 0)
+            assert room < par.ep, (tor.id, room)
+    assert ("span ToRs of one pod" in placement.reason) == bool(spanning_pods)
+    # one pod when one holds the job, else the fewest pods that can
+    caps = sorted(
+        (sum(1 for s in p.servers if s.id in free) // par.ep for p in cluster.pods), reverse=True
+    )
+    fewest = next(k for k in range(1, len(caps) + 1) if sum(caps[:k]) >= par.dp * par.pp)
+    assert len({cluster.server(s).pod_id for s in servers}) == fewest
 
 
 def _pod_capacity(cluster: Cluster, free: set[str], ep: int) -> int:
@@ -68,7 +85,7 @@ fabrics = st.builds(
 )
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(fabrics, st.data())
 def test_placement_properties(cluster: Cluster, data: st.DataObject) -> None:
     ids = list(cluster.server_ids)
@@ -79,7 +96,17 @@ def test_placement_properties(cluster: Cluster, data: st.DataObject) -> None:
     collective = data.draw(st.sampled_from(list(Collective)))
     facts = data.draw(st.sampled_from([None, FACTS]))
     job = _job(dp, pp, ep, model=facts, collective=collective)
-    result = place_job(cluster, free, job)
+    ports = data.draw(
+        st.none()
+        | st.fixed_dictionaries({p.id: st.integers(0, p.uplink_ports) for p in cluster.pods})
+    )
+    agg = data.draw(
+        st.none()
+        | st.fixed_dictionaries(
+            {t.id: st.sampled_from([0.0, t.aggregator_gbps]) for p in cluster.pods for t in p.tors}
+        )
+    )
+    result = place_job(cluster, free, job, aggregator_free_gbps=agg, ports_free=ports)
     if isinstance(result, Placement):
         _check(cluster, free, job, result)
         assert result.reason.startswith("layout ")
@@ -226,12 +253,64 @@ def test_ep_groups_span_tors_of_one_pod_only_when_no_tor_fits() -> None:
     for u in result.units:
         groups.setdefault(u.dp_rank, set()).add(SEED.server(u.server).pod_id)
     assert all(len(p) == 1 for p in groups.values())
-    # with one ToR of 8 free servers, the group stays under it
-    free |= {s.id for s in SEED.pods[4].tors[1].servers}
+    # in the best-fitting pod (two ToRs of 8 free: nothing stranded), the group
+    # stays under one ToR
+    free -= {s.id for s in SEED.pods[4].servers}
+    free |= {s.id for s in SEED.pods[4].tors[1].servers[:8]}
+    free |= {s.id for s in SEED.pods[4].tors[2].servers[:8]}
     one = place_job(SEED, free, _job(1, ep=8))
     assert isinstance(one, Placement)
-    assert {SEED.server(s).tor_id for s in one.servers} == {"pod-4/tor-1"}
+    assert len({SEED.server(s).tor_id for s in one.servers}) == 1
+    assert {SEED.server(s).pod_id for s in one.servers} == {"pod-4"}
     assert "span ToRs" not in one.reason
+
+
+def _busy_but(cluster: Cluster, free_per_tor: dict[str, int]) -> set[str]:
+    """Free servers: the first n of each named ToR, every other server busy."""
+    return {s.id for t, n in free_per_tor.items() for s in cluster.tors_by_id[t].servers[:n]}
+
+
+def test_ep_job_takes_the_tor_gaps_of_a_partly_used_pod_not_a_whole_pod() -> None:
+    """The gap case: whole-ToR ep=8 groups left 8, 8, 7, 7, 7 free on pod-0's ToRs.
+
+    A 4-group ep=8 job fits pod-0 only if two groups span its ToRs; placing all
+    four under ToRs of the whole pod-1 instead (as placement did when some ToR of
+    the cluster had room) strands pod-0's 7-server gaps and breaks pod-1, and the
+    75-server job that follows finds no pod (48 free servers in two pods).
+    """
+    gaps = {"pod-0/tor-0": 8, "pod-0/tor-1": 8, "pod-0/tor-2": 7, "pod-0/tor-3": 7}
+    gaps["pod-0/tor-4"] = 7
+    free = _busy_but(SEED, gaps) | {s.id for s in SEED.pods[1].servers}
+    job = _job(4, ep=8, model=FACTS)
+    moe = place_job(SEED, free, job)
+    assert isinstance(moe, Placement)
+    _check(SEED, free, job, moe)
+    assert {SEED.server(s).pod_id for s in moe.servers} == {"pod-0"}
+    assert "span ToRs of one pod" in moe.reason
+    groups: dict[int, set[str]] = {}
+    for u in moe.units:
+        groups.setdefault(u.dp_rank, set()).add(SEED.server(u.server).tor_id)
+    whole = sorted(t for tors in groups.values() if len(tors) == 1 for t in tors)
+    assert whole == ["pod-0/tor-0", "pod-0/tor-1"]  # the ToRs with room keep theirs
+    free -= set(moe.servers)
+    big = place_job(SEED, free, _job(75, model=FACTS))
+    assert isinstance(big, Placement)
+    assert {SEED.server(s).pod_id for s in big.servers} == {"pod-1"}
+
+
+def test_ep_job_uses_seven_server_gaps_of_one_pod_rather_than_two_pods() -> None:
+    """Every ToR has 7 free servers: an 8-group ep=4 job fits one pod (5 groups under
+    ToRs, 3 from the 3-server remainders), not two pods' whole-ToR slots."""
+    free = _busy_but(SEED, {t.id: 7 for p in SEED.pods for t in p.tors})
+    job = _job(8, ep=4, model=FACTS)
+    result = place_job(SEED, free, job)
+    assert isinstance(result, Placement)
+    _check(SEED, free, job, result)
+    assert len({SEED.server(s).pod_id for s in result.servers}) == 1
+    tors: dict[int, set[str]] = {}
+    for u in result.units:
+        tors.setdefault(u.dp_rank, set()).add(SEED.server(u.server).tor_id)
+    assert sorted(len(t) for t in tors.values()) == [1, 1, 1, 1, 1, 2, 2, 2]
 
 
 def test_inc_keeps_each_dp_group_under_one_tor_or_pod() -> None:
