@@ -5,6 +5,10 @@ concurrent batches share one transaction (group commit). The worker gives
 committed reports a gap-free `ord` when it reads them, consumes them in that
 order and stores its cursor (an `ord`) in the same transaction as the
 predictions and decisions it derived, so each report takes effect exactly once.
+
+The reports are their own outbox: the worker reads every committed report
+after its cursor on each pass (at least every tick), so ingest writes no outbox
+event; the wake-up it sends after a commit only shortens the wait.
 """
 
 from __future__ import annotations
@@ -31,7 +35,6 @@ from .repository import (
     NewDecision,
     Store,
     StoreError,
-    add_outbox,
     append_decisions,
     next_counter,
     utcnow,
@@ -114,7 +117,7 @@ class TrafficRepository:
         self,
         reports: Sequence[dict[str, Any]],
         idempotency_key: str | None = None,
-        after_commit: Callable[[], None] | None = None,
+        after_commit: Callable[[int], None] | None = None,
     ) -> Future[tuple[int, int]]:
         """`ingest` through the group commit: batches arriving together share a transaction.
 
@@ -122,7 +125,8 @@ class TrafficRepository:
         seen is answered from its stored row by the writer thread.
 
         The future resolves to (count, last seq) once the reports are durable;
-        `after_commit` (the relay kick) runs once per transaction, not per batch.
+        `after_commit` (the worker's wake-up) runs once per transaction, not per
+        batch, with the newest seq the transaction stored.
         """
         digest = batch_hash(reports) if idempotency_key is not None else None
         return self._group().submit(_Pending(list(reports), idempotency_key, after_commit, digest))
@@ -182,7 +186,6 @@ class TrafficRepository:
         answers: list[tuple[int, int] | Exception | None] = [None] * len(group)
         plain = [i for i, p in enumerate(group) if p.key is None]
         seqs = _insert_reports(conn, [r for i in plain for r in group[i].reports], now)
-        inserted = list(seqs[-1:])  # the last sequence value this transaction took
         at = 0
         for i in plain:
             n = len(group[i].reports)
@@ -223,11 +226,9 @@ class TrafficRepository:
                         )
                     )
                 answers[i] = (len(p.reports), last)
-                inserted.append(last)
+                seen[p.key] = (len(p.reports), last, p.digest)  # the same key again in this group
             except IntegrityError:
                 answers[i] = None  # stored by a concurrent request: answered from its row
-        if inserted:
-            add_outbox(conn, "traffic", {"type": "ReportTraffic", "last_seq": max(inserted)}, now)
         return answers
 
     def cursor(self) -> int:
@@ -395,7 +396,7 @@ class TrafficRepository:
 class _Pending:
     reports: list[dict[str, Any]]
     key: str | None
-    after_commit: Callable[[], None] | None
+    after_commit: Callable[[int], None] | None
     digest: str | None = None  # of the batch, when it has a key
 
 
@@ -406,10 +407,16 @@ def _check_same(key: str, stored: str | None, digest: str | None) -> None:
         )
 
 
+# the sequence `traffic_reports.seq` takes its values from (migration perf_ingest_seq)
+REPORT_SEQUENCE = "traffic_reports_seq_seq"
+
+
 def _insert_reports(conn: Connection, reports: Sequence[dict[str, Any]], now: Any) -> list[int]:
     """Insert reports; their sequence values in the order given (none for no reports)."""
     if not reports:
         return []
+    if conn.dialect.name == "postgresql":
+        return _copy_reports(conn, reports, now)
     r = t.traffic_reports
     rows = [
         {
@@ -425,6 +432,32 @@ def _insert_reports(conn: Connection, reports: Sequence[dict[str, Any]], now: An
     )
 
 
+def _copy_reports(conn: Connection, reports: Sequence[dict[str, Any]], now: Any) -> list[int]:
+    """PostgreSQL: take the reports' sequence values in one statement, then COPY the rows.
+
+    COPY sends each row as one line of text (no statement text to build or
+    parse per row, no parameter per value); the demands go as their JSON text.
+    The values are taken before the rows are written, so a batch knows its
+    `last_seq` without a RETURNING.
+    """
+    raw = conn.connection.driver_connection
+    assert raw is not None
+    with raw.cursor() as cur:
+        cur.execute(
+            f"SELECT nextval('{REPORT_SEQUENCE}') FROM generate_series(1, %s)", (len(reports),)
+        )
+        seqs = sorted(int(row[0]) for row in cur.fetchall())
+        dumps = json.dumps
+        with cur.copy(
+            "COPY traffic_reports (seq, job_id, phase_started_at, demands, received_at) FROM STDIN"
+        ) as copy:
+            for seq, x in zip(seqs, reports, strict=True):
+                copy.write_row(
+                    (seq, x.get("job_id"), x["phase_started_at"], dumps(x["demands"]), now)
+                )
+    return seqs
+
+
 def _ingest_engine(write_engine: Engine) -> Engine:
     """PostgreSQL: a small pool of its own without pre-ping (a dead connection is
     retried once instead of every checkout paying a round trip); SQLite: the
@@ -438,7 +471,7 @@ class GroupCommit:
     """Group commit: one writer thread stores everything queued since its last commit.
 
     Concurrent POST /v1/traffic requests land in one transaction (one sequence
-    round trip, one commit, one outbox row, one relay kick) instead of one each.
+    round trip, one COPY, one commit, one wake-up) instead of one each.
     """
 
     def __init__(
@@ -496,14 +529,16 @@ class GroupCommit:
             for _, future in group:
                 future.set_exception(exc)
             return
+        newest = 0
         for (_, future), answer in zip(group, answers, strict=True):
             if isinstance(answer, Exception):
                 future.set_exception(answer)
             else:
                 future.set_result(answer)
-        for kick in dict.fromkeys(p.after_commit for p, _ in group if p.after_commit):
+                newest = max(newest, answer[1])
+        for wake in dict.fromkeys(p.after_commit for p, _ in group if p.after_commit):
             try:
-                kick()
+                wake(newest)
             except Exception:
                 log.exception("after-commit callback failed")
 
