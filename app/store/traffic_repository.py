@@ -18,13 +18,22 @@ import json
 import logging
 import queue
 import threading
-from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from sqlalchemy import Connection, Engine, bindparam, create_engine, func, insert, select, update
+from sqlalchemy import (
+    Connection,
+    Engine,
+    bindparam,
+    create_engine,
+    func,
+    insert,
+    select,
+    text,
+    update,
+)
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from app.engine.cross_connects import CrossConnect
@@ -48,11 +57,10 @@ log = logging.getLogger("lightpath.traffic")
 
 @dataclass(frozen=True, slots=True)
 class ReportRow:
-    seq: int
+    seq: int  # its `ord`: the place in the worker's consumption order
     job_id: str | None
     phase_started_at: float
     demands: list[list[Any]]  # [src, dst, bytes]
-    attributed: list[str] | None = None  # jobs it fed when consumed (None: not yet)
 
 
 @dataclass(frozen=True, slots=True)
@@ -242,23 +250,32 @@ class TrafficRepository:
         """Reports numbered after `seq`, in order; numbers newly committed ones first.
 
         `ReportRow.seq` is the gap-free `ord` the worker's cursor counts. Reports
-        committed since the last call get the next numbers in `seq` order (one
-        short transaction on the counter row, taken only by the worker), so a
-        report committed late behind a higher sequence value is still consumed.
+        committed since the last call get the next numbers in `seq` order (on the
+        counter row, taken only by the worker), so a report committed late behind
+        a higher sequence value is still consumed.
         """
+        if self.store.write_engine.dialect.name == "postgresql":
+            return self._number_and_read(seq, limit)
         self._number_new(limit)
         r = t.traffic_reports
         with self.store.read_engine.connect() as conn:
             rows = conn.execute(
-                select(r.c.ord, r.c.job_id, r.c.phase_started_at, r.c.demands, r.c.attributed)
+                select(r.c.ord, r.c.job_id, r.c.phase_started_at, r.c.demands)
                 .where(r.c.ord > seq)
                 .order_by(r.c.ord)
                 .limit(limit)
             ).all()
-        return [
-            ReportRow(row.ord, row.job_id, row.phase_started_at, row.demands, row.attributed)
-            for row in rows
-        ]
+        return [ReportRow(row.ord, row.job_id, row.phase_started_at, row.demands) for row in rows]
+
+    def _number_and_read(self, after: int, limit: int) -> list[ReportRow]:
+        """PostgreSQL: number what committed since the last call and read everything after
+        `after`, in one statement (one short transaction; the counter row is locked
+        only when there is something to number)."""
+        with self.store.write_engine.begin() as conn:
+            rows = conn.execute(
+                _NUMBER_AND_READ, {"after": after, "limit": limit, "counter": ORDER}
+            ).all()
+        return [ReportRow(row.ord, row.job_id, row.phase_started_at, row.demands) for row in rows]
 
     def _number_new(self, limit: int) -> int:
         """Give up to `limit` committed, unnumbered reports their `ord`; returns how many."""
@@ -278,29 +295,12 @@ class TrafficRepository:
             )
         return len(seqs)
 
-    def reports_of_jobs(self, job_ids: Sequence[str], up_to: int) -> list[ReportRow]:
-        """Reports already consumed that name one of `job_ids` or none (for replay)."""
-        with self.store.read_engine.connect() as conn:
-            rows = conn.execute(
-                select(t.traffic_reports)
-                .where(t.traffic_reports.c.ord <= up_to)
-                .where(
-                    t.traffic_reports.c.job_id.in_(list(job_ids))
-                    | t.traffic_reports.c.job_id.is_(None)
-                )
-                .order_by(t.traffic_reports.c.ord)
-            ).all()
-        return [
-            ReportRow(r.ord, r.job_id, r.phase_started_at, r.demands, r.attributed) for r in rows
-        ]
-
     def commit_predictions(
         self,
         cursor: int,
         predictions: Sequence[PredictionRow],
         decisions: Sequence[NewDecision],
         desired: Sequence[CrossConnect] | None = None,
-        attributed: Mapping[int, tuple[str, ...]] | None = None,
         previous: Sequence[CrossConnect] | None = None,
         dead_letters: Sequence[DeadLetter] = (),
     ) -> list[int]:
@@ -341,15 +341,6 @@ class TrafficRepository:
                     conn.execute(insert(t.predictions).values(job_id=p.job_id, **values))
             if desired is not None:
                 replace_desired(conn, desired, previous)
-            by_jobs: dict[tuple[str, ...], list[int]] = defaultdict(list)
-            for seq, jobs in (attributed or {}).items():
-                by_jobs[jobs].append(seq)
-            for jobs, seqs in by_jobs.items():
-                conn.execute(
-                    update(t.traffic_reports)
-                    .where(t.traffic_reports.c.ord.in_(seqs))
-                    .values(attributed=list(jobs))
-                )
             if dead_letters:
                 conn.execute(
                     insert(t.dead_letters),
@@ -406,6 +397,33 @@ def _check_same(key: str, stored: str | None, digest: str | None) -> None:
             f"Idempotency-Key {key!r} was used for a different batch; use a new key"
         )
 
+
+# Number the committed, unnumbered reports (seq order, up to :limit) from the counter
+# row and return them with the reports numbered earlier and not yet consumed (ord >
+# :after; the last branch reads the statement's snapshot, where the newly numbered rows
+# are still unnumbered, so nothing is returned twice). The counter is upserted, and
+# only when there is something to number.
+_NUMBER_AND_READ = text(
+    """
+    WITH todo AS (
+        SELECT seq, row_number() OVER (ORDER BY seq) AS n
+        FROM traffic_reports WHERE ord IS NULL ORDER BY seq LIMIT :limit
+    ), taken AS (
+        INSERT INTO counters (name, value)
+        SELECT :counter, count(*) FROM todo HAVING count(*) > 0
+        ON CONFLICT (name) DO UPDATE SET value = counters.value + excluded.value
+        RETURNING value - (SELECT count(*) FROM todo) AS first
+    ), numbered AS (
+        UPDATE traffic_reports r SET ord = taken.first + todo.n
+        FROM todo, taken WHERE r.seq = todo.seq
+        RETURNING r.ord, r.job_id, r.phase_started_at, r.demands
+    )
+    SELECT ord, job_id, phase_started_at, demands FROM numbered
+    UNION ALL
+    SELECT ord, job_id, phase_started_at, demands FROM traffic_reports WHERE ord > :after
+    ORDER BY ord LIMIT :limit
+    """
+)
 
 # the sequence `traffic_reports.seq` takes its values from (migration perf_ingest_seq)
 REPORT_SEQUENCE = "traffic_reports_seq_seq"

@@ -375,7 +375,6 @@ class FabricDriver:
         if not reports:
             return 0
         by_server = {s: j for j, servers in memory.placed.items() for s in servers}
-        attributed: dict[int, tuple[str, ...]] = {}
         touched: set[str] = set()
         dead: list[DeadLetter] = []
         now = self.clock()
@@ -402,9 +401,7 @@ class FabricDriver:
                     extra={"ord": report.seq, "job_id": report.job_id, "error": repr(exc)},
                 )
                 dead.append(DeadLetter(report, f"{type(exc).__name__}: {exc}"[:500]))
-                attributed[report.seq] = ()
                 continue
-            attributed[report.seq] = tuple(sorted(groups))
             touched.update(groups)
         self._count_since(before)
         cursor = reports[-1].seq
@@ -415,7 +412,6 @@ class FabricDriver:
             [self.summary(j) for j in sorted(touched) if state.cycle(j) is not None],
             [decision_payload(d) for d in decisions],
             desired=state.desired if decisions else None,
-            attributed=attributed,
             previous=memory.written,
             dead_letters=dead,
         )

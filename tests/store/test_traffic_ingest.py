@@ -55,6 +55,27 @@ def test_a_report_committed_behind_a_higher_seq_is_still_consumed(
     assert repo.reports_after(2) == []
 
 
+def test_reports_numbered_but_not_consumed_are_read_again_with_the_new_ones(
+    repo: TrafficRepository,
+) -> None:
+    """A pass that died after numbering: the next read returns those, then the new ones."""
+    with repo.store.write_engine.begin() as conn:
+        for at in (1.0, 2.0, 3.0):
+            _raw_report(conn, None, at)
+    first = repo.reports_after(0, limit=2)
+    assert [(r.seq, r.phase_started_at) for r in first] == [(1, 1.0), (2, 2.0)]
+    with repo.store.write_engine.begin() as conn:
+        _raw_report(conn, None, 4.0)
+    again = repo.reports_after(0, limit=10)  # the cursor did not move
+    assert [(r.seq, r.phase_started_at) for r in again] == [
+        (1, 1.0),
+        (2, 2.0),
+        (3, 3.0),
+        (4, 4.0),
+    ]
+    assert repo.reports_after(4) == []
+
+
 def test_concurrent_transactions_commit_out_of_order_on_postgres(postgres_url: str) -> None:
     store = build_store(Settings(database_url=postgres_url))
     with store.write_engine.begin() as conn:
