@@ -18,6 +18,7 @@ import json
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -489,16 +490,24 @@ class GroupCommit:
     """Group commit: one writer thread stores everything queued since its last commit.
 
     Concurrent POST /v1/traffic requests land in one transaction (one sequence
-    round trip, one COPY, one commit, one wake-up) instead of one each.
+    round trip, one COPY, one commit, one wake-up) instead of one each. When
+    the last group held more than one batch (clients are sending together),
+    the writer waits up to `linger_s` for more before it writes: with 8
+    clients a group then holds ~7.7 batches instead of ~4.3, which cut the
+    API's and PostgreSQL's CPU per report by 10-25%; a lone client's batch is
+    written at once.
     """
 
     def __init__(
         self,
         write: Callable[[list[_Pending]], list[tuple[int, int] | Exception]],
         max_reports: int = 5000,
+        linger_s: float = 0.001,
     ) -> None:
         self._write = write
         self._max_reports = max_reports
+        self._linger_s = linger_s
+        self._last_batches = 1  # batches in the last group: did requests arrive together?
         self._items: queue.SimpleQueue[tuple[_Pending, Future[tuple[int, int]]] | None] = (
             queue.SimpleQueue()
         )
@@ -520,16 +529,27 @@ class GroupCommit:
         if first is None:
             return [], True
         group, size = [first], len(first[0].reports)
+        # when requests have been arriving together, wait up to `linger_s` for the ones
+        # in flight to share this commit (fewer, larger transactions); a lone client's
+        # report is written at once
+        deadline = time.monotonic() + (self._linger_s if self._last_batches > 1 else 0.0)
         while size < self._max_reports:
             try:
                 item = self._items.get_nowait()
             except queue.Empty:
-                break
+                wait_s = deadline - time.monotonic()
+                if wait_s <= 0:
+                    break
+                try:
+                    item = self._items.get(timeout=wait_s)
+                except queue.Empty:
+                    break
             if item is None:
                 self._store(group)
                 return [], True
             group.append(item)
             size += len(item[0].reports)
+        self._last_batches = len(group)
         return group, False
 
     def _run(self) -> None:

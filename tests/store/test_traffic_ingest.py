@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import Future
 
@@ -152,6 +153,35 @@ def test_group_commit_takes_everything_queued_and_kicks_once() -> None:
     committer.close()
     assert groups == [1, 5], "the five batches queued meanwhile shared one transaction"
     assert kicks == [0, 4], "one wake-up per transaction, with its newest seq"
+
+
+def test_after_a_shared_commit_the_writer_lingers_for_batches_in_flight() -> None:
+    release = threading.Event()
+    groups: list[int] = []
+
+    def write(group: list[_Pending]) -> list[tuple[int, int]]:
+        if not groups:
+            release.wait(5)
+        groups.append(len(group))
+        return [(len(p.reports), i) for i, p in enumerate(group)]
+
+    committer = GroupCommit(write, linger_s=0.5)
+    start = time.monotonic()
+    alone = committer.submit(_Pending([_report(0.0)], None, None))
+    while committer._items.qsize():
+        threading.Event().wait(0.001)
+    together = [committer.submit(_Pending([_report(1.0)], None, None)) for _ in range(2)]
+    release.set()
+    assert alone.result(5) == (1, 0)
+    assert time.monotonic() - start < 0.4, "a lone batch is written at once"
+    assert [f.result(5)[0] for f in together] == [1, 1]
+    # clients sent together last time: a batch arriving shortly after the first waits
+    first = committer.submit(_Pending([_report(2.0)], None, None))
+    time.sleep(0.05)
+    second = committer.submit(_Pending([_report(3.0)], None, None))
+    assert first.result(5)[0] == second.result(5)[0] == 1
+    committer.close()
+    assert groups == [1, 2, 2]
 
 
 def test_a_failed_group_fails_each_of_its_batches() -> None:
