@@ -113,7 +113,8 @@ def _refuse(known: frozenset[str], batch: TrafficIn) -> NoReturn:
         422: {"description": "invalid fields, unknown servers; the batch is refused whole"},
     },
     # the body is read from its bytes by pydantic's parser (`read_json_body`), not by a
-    # body parameter: a large batch costs a third of the CPU
+    # body parameter: json.loads plus validating its objects was ~40% of the API's CPU
+    # on a 100 x 10 batch
     openapi_extra=json_body(TrafficIn),
 )
 async def report_traffic(
