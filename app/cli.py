@@ -131,9 +131,20 @@ def api(host: HostOpt = "127.0.0.1", port: PortOpt = 8080, cluster: ClusterOpt =
     runtime.start()
     log.info("api serving", extra={"host": host, "port": port, "cluster": topology.name})
     try:
-        _serve_http(create_app(runtime.services), host, port)
+        _serve_http(create_app(runtime.services), host, port, on_listening=_freeze_start_up_heap)
     finally:
         runtime.stop()
+
+
+def _freeze_start_up_heap() -> None:
+    """Take what start-up built (modules, the app, the cluster) out of the collector's
+    generations: a traffic batch allocates objects per demand entry, and the full
+    collections they trigger walked that whole heap each time (gc.freeze cut the API's
+    CPU per 1,000-entry batch from ~8 to ~5 ms)."""
+    import gc
+
+    gc.collect()
+    gc.freeze()
 
 
 @cli.command()

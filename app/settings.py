@@ -87,6 +87,12 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(4 * 1024 * 1024, gt=0)
     admit_wait_s: float = Field(2.0, ge=0)
     worker_tick_s: float = Field(1.0, gt=0)
+    traffic_wake_ms: float = Field(
+        20.0,
+        ge=0,
+        description="traffic ingest wakes the worker at most once per this interval (the "
+        "reports are read by the next pass whatever happens to the wake-up)",
+    )
     read_cache_ttl_s: float = Field(1.0, ge=0)
     worker_metrics_host: str = "127.0.0.1"
     worker_metrics_port: int = Field(9100, ge=0, le=65535)

@@ -19,6 +19,7 @@ from app.api.metrics import ApiMetrics
 from app.api.read_cache import JobViewCache
 from app.bus import InProcessBus
 from app.bus.relay import OutboxRelay
+from app.bus.traffic_wake import TrafficWake
 from app.cluster_files import ConfigError, load_cluster
 from app.engine.circuits import load_solver
 from app.engine.cluster import Cluster
@@ -140,6 +141,14 @@ def _api_services(settings: Settings, cluster: Cluster, store: Store, bus: Any) 
     return services
 
 
+def _wake_worker_after_ingest(runtime: Runtime, settings: Settings, bus: Any) -> None:
+    """Traffic commits wake the worker through `bus` (paced); closed after ingest drains."""
+    wake = TrafficWake(bus.publish, settings.traffic_wake_ms / 1000)
+    runtime.services.wake_worker = wake
+    runtime.closers.append(runtime.services.traffic.close)  # its last commit may wake
+    runtime.closers.append(wake.close)
+
+
 def build_runtime(settings: Settings, cluster: Cluster, *, with_worker: bool = True) -> Runtime:
     """The embedded default: one process with API services, relay, worker and switches."""
     store = build_store(settings)
@@ -149,7 +158,7 @@ def build_runtime(settings: Settings, cluster: Cluster, *, with_worker: bool = T
     services.kick_relay = relay.kick
     services.direct_sender = relay.direct_sender
     runtime = Runtime(services, relay)
-    runtime.closers.append(services.traffic.close)
+    _wake_worker_after_ingest(runtime, settings, bus)
     if with_worker:
         driver = build_driver(settings, cluster)
         services.southbound = driver
@@ -234,7 +243,9 @@ def build_api_runtime(settings: Settings, cluster: Cluster) -> Runtime:
     if relay is not None:
         services.kick_relay = relay.kick
         services.direct_sender = relay.direct_sender
-    runtime.closers.append(services.traffic.close)
+        _wake_worker_after_ingest(runtime, settings, bus)
+    else:
+        runtime.closers.append(services.traffic.close)
     runtime.closers.append(bus.close)
     if settings.southbound_url:  # only for /readyz: the worker drives the switches
         services.southbound = HttpDriver(settings.southbound_url, token=_southbound_token(settings))

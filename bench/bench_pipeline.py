@@ -4,9 +4,10 @@
                                              [--clients 8] [--profile DIR]
                                              [--api-gc-threshold N] [--redis-db 12]
 
-Needs wrk for the unbatched mode (a C load generator light enough to leave the
-two cores to the stack): `apt-get update && apt-get install -y wrk`. The script
-exits 2 with that hint when wrk is not on PATH.
+The unbatched mode is driven by wrk when it is on PATH (a C load generator
+light enough to leave the two cores to the stack: `apt-get install -y wrk`),
+otherwise by a small built-in client (one thread and one keep-alive socket per
+connection, requests written as prepared bytes); the table says which.
 
 (a) Durable ingest: POST /v1/traffic in batches of 100 reports of `--demands`
     demand entries each, from `--clients` concurrent connections; a 202 means
@@ -21,14 +22,14 @@ exits 2 with that hint when wrk is not on PATH.
     (and its cross-connects gone) before the next; mock reconfiguration 25 ms.
 
 `--profile DIR` records py-spy stacks (collapsed, for flamegraph.pl or
-speedscope) of the api and the worker during the batched ingest phase and
-prints where their samples go. `--api-gc-threshold N` starts the api with
+speedscope) of the api and the worker during each ingest mode and prints where
+their samples go. `--api-gc-threshold N` starts the api with
 `gc.set_threshold(N, 20, 100)` (CPython's default first threshold is 700): the
 ingest path allocates ~10 objects per demand entry, and young-generation
 collections over the api's large long-lived heap are a big share of its CPU.
 The app is unchanged; this only shows what that setting would buy.
 The load average is printed beside the figures (the machine is shared).
-Exits 1 when an ingest target is missed. Fixed seed: 20261122.
+Exits 1 when an ingest target is missed (or a mode measured nothing). Fixed seed: 20261122.
 """
 
 from __future__ import annotations
@@ -38,10 +39,13 @@ import asyncio
 import json
 import os
 import random
+import resource
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -177,17 +181,9 @@ end
 """
 
 
-def require_wrk() -> str:
-    path = shutil.which("wrk")
-    if path is None:
-        raise SystemExit(
-            "wrk is not installed; it drives the unbatched ingest "
-            "(install: apt-get update && apt-get install -y wrk)"
-        )
-    return path
-
-
-def _wrk_ingest(url: str, bodies: list[bytes], seconds: float, clients: int) -> tuple[int, float]:
+def _wrk_ingest(
+    wrk: str, url: str, bodies: list[bytes], seconds: float, clients: int
+) -> tuple[int, float]:
     """POST one-report bodies with wrk (`clients` connections, 2 threads); (202s, seconds)."""
     quoted = ", ".join(f"[==[{b.decode()}]==]" for b in bodies)
     with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as fh:
@@ -195,7 +191,7 @@ def _wrk_ingest(url: str, bodies: list[bytes], seconds: float, clients: int) -> 
     try:
         out = subprocess.run(
             [
-                require_wrk(),
+                wrk,
                 "-t2",
                 f"-c{clients}",
                 f"-d{max(1, round(seconds))}s",
@@ -218,8 +214,72 @@ def _wrk_ingest(url: str, bodies: list[bytes], seconds: float, clients: int) -> 
     return requests, duration_us / 1e6
 
 
+def _socket_ingest(
+    url: str, bodies: list[bytes], seconds: float, clients: int
+) -> tuple[int, float]:
+    """POST one-report bodies over `clients` keep-alive sockets, one thread each; (202s, s).
+
+    The requests are prepared bytes and the answers are read by Content-Length:
+    a few tens of microseconds of client CPU per request, so the stack, not
+    the client, sets the rate (the fallback when wrk is not installed).
+    """
+    host, port = url.removeprefix("http://").split(":")
+    requests = [
+        b"POST /v1/traffic HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n%s" % (host.encode(), len(b), b)
+        for b in bodies
+    ]
+    stop = time.perf_counter() + seconds
+    counts = [0] * clients
+    failures: list[str] = []
+
+    def run(k: int) -> None:
+        with socket.create_connection((host, int(port))) as sock:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            pending = b""
+            i = k
+            while time.perf_counter() < stop and not failures:
+                sock.sendall(requests[i % len(requests)])
+                i += clients
+                while b"\r\n\r\n" not in pending:
+                    chunk = sock.recv(65536)
+                    if not chunk:
+                        failures.append("connection closed")
+                        return
+                    pending += chunk
+                head, _, pending = pending.partition(b"\r\n\r\n")
+                length = 0
+                for line in head.split(b"\r\n")[1:]:
+                    name, _, value = line.partition(b":")
+                    if name.strip().lower() == b"content-length":
+                        length = int(value)
+                while len(pending) < length:
+                    chunk = sock.recv(65536)
+                    if not chunk:
+                        failures.append("connection closed")
+                        return
+                    pending += chunk
+                body, pending = pending[:length], pending[length:]
+                if not head.startswith(b"HTTP/1.1 202"):
+                    status = head.split(b"\r\n")[0]
+                    failures.append(f"{status!r} {body[:200]!r}")
+                    return
+                counts[k] += 1
+
+    start = time.perf_counter()
+    threads = [threading.Thread(target=run, args=(k,)) for k in range(clients)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    elapsed = time.perf_counter() - start
+    if failures:
+        raise SystemExit(f"unbatched ingest refused: {failures[0]}")
+    return sum(counts), elapsed
+
+
 @contextmanager
-def _profiled(stack: FullStack, out: Path | None, seconds: float) -> Iterator[None]:
+def _profiled(stack: FullStack, out: Path | None, seconds: float, mode: str) -> Iterator[None]:
     """py-spy record the api and the worker for `seconds` while the body runs."""
     spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
     recorders = []
@@ -241,7 +301,7 @@ def _profiled(stack: FullStack, out: Path | None, seconds: float) -> Iterator[No
                         "raw",
                         "--gil",
                         "--output",
-                        str(out / f"ingest-{role}.folded"),
+                        str(out / f"ingest-{mode}-{role}.folded"),
                     ],
                     stdout=subprocess.DEVNULL,
                     stderr=subprocess.DEVNULL,
@@ -312,6 +372,9 @@ class CpuMeter:
         )
         out = {g: {p: _cpu_s(p) for p in pids} for g, pids in groups.items()}
         out["machine"] = {0: _machine_busy_s()}
+        # children this script waited for (wrk, py-spy): their CPU is the client's
+        children = resource.getrusage(resource.RUSAGE_CHILDREN)
+        out["bench client"][-1] = children.ru_utime + children.ru_stime
         out["wall"] = {0: time.perf_counter()}
         return out
 
@@ -324,15 +387,40 @@ class CpuMeter:
         return used
 
 
+STACK = ("api", "worker", "postgres", "redis", "mock-oxc")
+
+
+@dataclass
+class IngestMode:
+    """One ingest mode's run: what was acknowledged, in how long, at what CPU cost."""
+
+    reports: int
+    demands: int  # entries per report
+    seconds: float
+    cpu: dict[str, float]  # core-seconds per part of the stack over the run
+
+    @property
+    def reports_per_s(self) -> float:
+        return self.reports / self.seconds if self.seconds else 0.0
+
+    @property
+    def demands_per_s(self) -> float:
+        return self.reports_per_s * self.demands
+
+    def cpu_us(self, parts: tuple[str, ...] = STACK, per: str = "report") -> float:
+        """CPU microseconds of `parts` per report (or per demand entry)."""
+        count = self.reports * (self.demands if per == "entry" else 1)
+        return 1e6 * sum(self.cpu[p] for p in parts) / count if count else float("nan")
+
+
 @dataclass
 class IngestResult:
-    demands_per_s: float
-    batched_reports_per_s: float
-    single_reports_per_s: float
+    batched: IngestMode
+    single: IngestMode
+    driver: str  # what drove the unbatched mode
     catch_up_s: float
     stored: int
     acknowledged: int
-    cpu: dict[str, float]
 
 
 def measure_ingest(
@@ -344,27 +432,34 @@ def measure_ingest(
     batched = [_body(servers, BATCH_REPORTS, demands, rng) for _ in range(16)]
     single = [_body(servers, 1, demands, rng) for _ in range(64)]
     asyncio.run(_ingest(stack.url, batched[:2], 1.0, 2))  # warm up pools and caches
+    _socket_ingest(stack.url, single, 0.5, clients)
     acked = _stored_reports(stack.database)
     start = time.perf_counter()
     meter = CpuMeter(stack)
-    with _profiled(stack, profile, seconds):
+    with _profiled(stack, profile, seconds, "batched"):
         posts = asyncio.run(_ingest(stack.url, batched, seconds, clients))
     cpu = meter.stop()
-    batched_s = time.perf_counter() - start
-    acked += posts * BATCH_REPORTS
-    singles, single_s = _wrk_ingest(stack.url, single, seconds, clients)
+    batched_mode = IngestMode(posts * BATCH_REPORTS, demands, time.perf_counter() - start, cpu)
+    acked += batched_mode.reports
+    wrk = shutil.which("wrk")
+    meter = CpuMeter(stack)
+    with _profiled(stack, profile, seconds, "single"):
+        if wrk is not None:
+            singles, single_s = _wrk_ingest(wrk, stack.url, single, seconds, clients)
+        else:
+            singles, single_s = _socket_ingest(stack.url, single, seconds, clients)
+    single_mode = IngestMode(singles, demands, single_s, meter.stop())
     acked += singles
     done = time.perf_counter()
     while _worker_cursor(stack.database) < acked and time.perf_counter() - done < 120:
         time.sleep(0.1)
     return IngestResult(
-        demands_per_s=posts * BATCH_REPORTS * demands / batched_s,
-        batched_reports_per_s=posts * BATCH_REPORTS / batched_s,
-        single_reports_per_s=singles / single_s,
+        batched=batched_mode,
+        single=single_mode,
+        driver="wrk" if wrk is not None else "built-in client",
         catch_up_s=time.perf_counter() - done,
         stored=_stored_reports(stack.database),
         acknowledged=acked,
-        cpu=cpu,
     )
 
 
@@ -423,6 +518,29 @@ def print_profile(path: Path, role: str, top: int = 12) -> None:
         print(f"  {100 * n / total:5.1f}%  {frame[:110]}")
 
 
+def _print_cpu(mode: IngestMode, title: str) -> None:
+    cpu = mode.cpu
+    cores = os.cpu_count() or 1
+    print(
+        f"\nCPU during {title} ({cpu['wall']:.1f} s wall x {cores} cores = "
+        f"{cpu['wall'] * cores:.1f} core-s; busy {cpu['machine']:.1f}; "
+        f"{mode.reports:,} reports of {mode.demands} entries)"
+    )
+    for part in (*STACK, "bench client", "other"):
+        per = ""
+        if part in STACK:
+            us, us_entry = mode.cpu_us((part,)), mode.cpu_us((part,), "entry")
+            per = f"  {us:8.1f} us/report  {us_entry:6.2f} us/entry"
+        print(
+            f"  {part:<14} {cpu[part]:6.1f} core-s  {100 * cpu[part] / cpu['wall']:5.0f}% of a core"
+            + per
+        )
+    print(
+        f"  {'stack':<14} {sum(cpu[p] for p in STACK):6.1f} core-s  {'':>17}"
+        f"{mode.cpu_us():8.1f} us/report  {mode.cpu_us(per='entry'):6.2f} us/entry"
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=10, help="per ingest mode")
@@ -435,7 +553,6 @@ def main() -> int:
     )
     parser.add_argument("--redis-db", type=int, default=REDIS_DB, help="flushed: its own")
     args = parser.parse_args()
-    require_wrk()
     load_before = os.getloadavg()
     print("starting mock-oxc, worker and api on PostgreSQL and Redis ...", file=sys.stderr)
     with full_stack(api_gc_threshold=args.api_gc_threshold, redis_db=args.redis_db) as stack:
@@ -444,25 +561,29 @@ def main() -> int:
         print(f"{args.jobs} cross-pod jobs end to end ...", file=sys.stderr)
         lat = measure_end_to_end(stack.url, args.jobs)
     load_after = os.getloadavg()
-    ok = ingest.demands_per_s >= TARGET_DEMANDS_PER_S
-    single_ok = ingest.single_reports_per_s >= TARGET_SINGLE_REPORTS_PER_S
+    batched, single = ingest.batched, ingest.single
+    # a mode that acknowledged nothing is not judged: that fails too
+    ok = batched.reports > 0 and batched.demands_per_s >= TARGET_DEMANDS_PER_S
+    single_ok = single.reports > 0 and single.reports_per_s >= TARGET_SINGLE_REPORTS_PER_S
     # wrk stops with up to `clients` requests in flight: stored, never answered
     in_flight = ingest.stored - ingest.acknowledged
     stored_once = 0 <= in_flight <= args.clients
     rows = [
         (
             f"ingest: demand entries/s (batches of {BATCH_REPORTS} x {args.demands})",
-            f"{ingest.demands_per_s:,.0f}",
+            f"{batched.demands_per_s:,.0f}",
             f">= {TARGET_DEMANDS_PER_S:,}",
             "met" if ok else "MISSED",
         ),
-        ("ingest: reports/s, batched", f"{ingest.batched_reports_per_s:,.0f}", "", ""),
+        ("ingest: reports/s, batched", f"{batched.reports_per_s:,.0f}", "", ""),
+        ("  stack CPU per demand entry, us", f"{batched.cpu_us(per='entry'):.2f}", "", ""),
         (
-            "ingest: reports/s, 1 report per POST (wrk)",
-            f"{ingest.single_reports_per_s:,.0f}",
+            f"ingest: reports/s, 1 report per POST ({ingest.driver})",
+            f"{single.reports_per_s:,.0f}",
             f">= {TARGET_SINGLE_REPORTS_PER_S:,}",
             "met" if single_ok else "MISSED",
         ),
+        ("  stack CPU per report, us", f"{single.cpu_us():.0f}", "", ""),
         (
             "reports stored / acknowledged (+ in flight)",
             f"{ingest.stored:,} / {ingest.acknowledged:,}",
@@ -483,19 +604,12 @@ def main() -> int:
     print(f"{'measure':<52} {'value':>16} {'target':>10}  result")
     for name, value, target, result in rows:
         print(f"{name:<52} {value:>16} {target:>10}  {result}")
-    cpu = ingest.cpu
-    cores = os.cpu_count() or 1
-    print(
-        f"\nCPU during batched ingest ({cpu['wall']:.1f} s wall x {cores} cores = "
-        f"{cpu['wall'] * cores:.1f} core-s; busy {cpu['machine']:.1f})"
-    )
-    for part in ("api", "worker", "postgres", "redis", "mock-oxc", "bench client", "other"):
-        print(
-            f"  {part:<14} {cpu[part]:6.1f} core-s  {100 * cpu[part] / cpu['wall']:5.0f}% of a core"
-        )
+    _print_cpu(batched, "batched ingest")
+    _print_cpu(single, f"unbatched ingest ({ingest.driver})")
     if args.profile:
-        for role in ("api", "worker"):
-            print_profile(args.profile / f"ingest-{role}.folded", role)
+        for mode in ("batched", "single"):
+            for role in ("api", "worker"):
+                print_profile(args.profile / f"ingest-{mode}-{role}.folded", f"{mode} {role}")
     return 0 if ok and single_ok and stored_once else 1
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hmac
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Annotated, Any
 
 from fastapi import Depends, Request, Security
@@ -37,12 +38,20 @@ class Services:
     read_cache: JobViewCache = field(default_factory=lambda: JobViewCache(ttl_s=1.0))
     southbound: Any = None
     kick_relay: Callable[[], None] = field(default=lambda: None)
+    # after traffic reports commit: wake the worker (with the newest seq), or nothing
+    # (no bus: the worker's tick reads them)
+    wake_worker: Callable[[int], None] = field(default=lambda last_seq: None)
     # a sender for an event the API just committed (its outbox row written as sent), or
     # None: the relay sends it (no relay here, or the bus is failing)
     direct_sender: Callable[[], Callable[[dict[str, Any]], None] | None] = field(
         default=lambda: None
     )
     tokens: dict[str, str] | None = None  # bearer token -> scope, parsed on first use
+
+    @cached_property
+    def server_ids(self) -> frozenset[str]:
+        """Every server id of the cluster (traffic ingest checks a batch's names against it)."""
+        return frozenset(s.id for p in self.cluster.pods for t in p.tors for s in t.servers)
 
 
 async def get_services(request: Request) -> Services:

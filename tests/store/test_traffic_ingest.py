@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import Future
 
 import psycopg
 import pytest
-from sqlalchemy import create_engine, func, insert, select, text
+from sqlalchemy import create_engine, event, func, insert, select, text
 from sqlalchemy.exc import OperationalError
 
 from app.settings import Settings
@@ -55,6 +56,27 @@ def test_a_report_committed_behind_a_higher_seq_is_still_consumed(
     assert repo.reports_after(2) == []
 
 
+def test_reports_numbered_but_not_consumed_are_read_again_with_the_new_ones(
+    repo: TrafficRepository,
+) -> None:
+    """A pass that died after numbering: the next read returns those, then the new ones."""
+    with repo.store.write_engine.begin() as conn:
+        for at in (1.0, 2.0, 3.0):
+            _raw_report(conn, None, at)
+    first = repo.reports_after(0, limit=2)
+    assert [(r.seq, r.phase_started_at) for r in first] == [(1, 1.0), (2, 2.0)]
+    with repo.store.write_engine.begin() as conn:
+        _raw_report(conn, None, 4.0)
+    again = repo.reports_after(0, limit=10)  # the cursor did not move
+    assert [(r.seq, r.phase_started_at) for r in again] == [
+        (1, 1.0),
+        (2, 2.0),
+        (3, 3.0),
+        (4, 4.0),
+    ]
+    assert repo.reports_after(4) == []
+
+
 def test_concurrent_transactions_commit_out_of_order_on_postgres(postgres_url: str) -> None:
     store = build_store(Settings(database_url=postgres_url))
     with store.write_engine.begin() as conn:
@@ -76,8 +98,14 @@ def test_concurrent_transactions_commit_out_of_order_on_postgres(postgres_url: s
         store.dispose()
 
 
-def test_one_group_is_one_transaction_with_one_outbox_event(repo: TrafficRepository) -> None:
+def test_one_group_is_one_transaction_and_writes_no_outbox_event(
+    repo: TrafficRepository,
+) -> None:
+    """The reports are their own outbox (the worker reads them after its cursor)."""
     repo._group()  # the ingest engine
+    commits: list[int] = []
+    assert repo._ingest_engine is not None
+    event.listen(repo._ingest_engine, "commit", lambda conn: commits.append(1))
     group = [
         _Pending([_report(1.0), _report(2.0)], None, None),
         _Pending([_report(3.0)], "key-a", None),
@@ -89,9 +117,9 @@ def test_one_group_is_one_transaction_with_one_outbox_event(repo: TrafficReposit
     assert answers[0][0] == 2 and answers[3][0] == 1
     assert len({answers[0][1], answers[1][1], answers[3][1]}) == 3
     assert repo.count_reports() == 4, "the retried batch was stored once"
+    assert len(commits) == 1
     with repo.store.read_engine.connect() as conn:
-        events = conn.execute(select(t.outbox.c.payload)).scalars().all()
-    assert events == [{"type": "ReportTraffic", "last_seq": max(a[1] for a in answers)}]
+        assert conn.execute(select(t.outbox.c.payload)).scalars().all() == []
     again = repo.ingest([_report(6.0)], "key-a")
     assert again == answers[1]
     repo.close()
@@ -109,8 +137,8 @@ def test_group_commit_takes_everything_queued_and_kicks_once() -> None:
 
     kicks: list[int] = []
 
-    def kick() -> None:
-        kicks.append(1)
+    def kick(last_seq: int) -> None:
+        kicks.append(last_seq)
 
     committer = GroupCommit(write)
     first = committer.submit(_Pending([_report(0.0)], None, kick))
@@ -124,7 +152,36 @@ def test_group_commit_takes_everything_queued_and_kicks_once() -> None:
     assert [f.result(5) for f in rest] == [(2, i) for i in range(5)]
     committer.close()
     assert groups == [1, 5], "the five batches queued meanwhile shared one transaction"
-    assert len(kicks) == 2, "one relay kick per transaction"
+    assert kicks == [0, 4], "one wake-up per transaction, with its newest seq"
+
+
+def test_after_a_shared_commit_the_writer_lingers_for_batches_in_flight() -> None:
+    release = threading.Event()
+    groups: list[int] = []
+
+    def write(group: list[_Pending]) -> list[tuple[int, int]]:
+        if not groups:
+            release.wait(5)
+        groups.append(len(group))
+        return [(len(p.reports), i) for i, p in enumerate(group)]
+
+    committer = GroupCommit(write, linger_s=0.5)
+    start = time.monotonic()
+    alone = committer.submit(_Pending([_report(0.0)], None, None))
+    while committer._items.qsize():
+        threading.Event().wait(0.001)
+    together = [committer.submit(_Pending([_report(1.0)], None, None)) for _ in range(2)]
+    release.set()
+    assert alone.result(5) == (1, 0)
+    assert time.monotonic() - start < 0.4, "a lone batch is written at once"
+    assert [f.result(5)[0] for f in together] == [1, 1]
+    # clients sent together last time: a batch arriving shortly after the first waits
+    first = committer.submit(_Pending([_report(2.0)], None, None))
+    time.sleep(0.05)
+    second = committer.submit(_Pending([_report(3.0)], None, None))
+    assert first.result(5)[0] == second.result(5)[0] == 1
+    committer.close()
+    assert groups == [1, 2, 2]
 
 
 def test_a_failed_group_fails_each_of_its_batches() -> None:
@@ -168,9 +225,16 @@ def test_a_dead_pooled_connection_is_retried_once_without_pre_ping(postgres_url:
 
 
 def test_the_relay_sends_only_the_newest_traffic_event_of_a_drain(repo: TrafficRepository) -> None:
-    for i in range(3):
-        repo.ingest([_report(float(i))])
+    """Traffic events an older version left in the outbox: one wake-up for all of them."""
     with repo.store.write_engine.begin() as conn:
+        for i in range(3):
+            conn.execute(
+                insert(t.outbox).values(
+                    topic="traffic",
+                    payload={"type": "ReportTraffic", "last_seq": i + 1},
+                    created_at=utcnow(),
+                )
+            )
         conn.execute(
             insert(t.outbox).values(
                 topic="jobs", payload={"type": "AdmitJob", "job_id": "j"}, created_at=utcnow()
