@@ -218,12 +218,12 @@ def compute_estimate_s(job: Job) -> float:
 class _Job:
     """Mutable working state of one job during allocation."""
 
-    __slots__ = ("d", "bytes", "cap", "have", "ideal_s", "rank", "prev")
+    __slots__ = ("d", "bytes", "cap", "have", "ideal_s", "rank", "prev", "pods", "pod_set")
 
     def __init__(self, d: JobDemand, port_bps: float, rank: int) -> None:
         self.d = d
         self.rank = rank
-        self.bytes, self.cap, self.ideal_s = _prepared(d, port_bps)
+        self.bytes, self.cap, self.ideal_s, self.pods, self.pod_set = _prepared(d, port_bps)
         self.have: dict[tuple[str, str], int] = dict.fromkeys(self.bytes, 0)
         self.prev: dict[tuple[str, str, str], int] = {}
 
@@ -272,12 +272,15 @@ class _Job:
         return worst is not None and have[worst] >= self.cap[worst]
 
 
-_Prepared = tuple[dict[tuple[str, str], float], dict[tuple[str, str], int], float]
+_Prepared = tuple[
+    dict[tuple[str, str], float], dict[tuple[str, str], int], float, tuple[str, ...], frozenset[str]
+]
 _PREPARED: dict[int, tuple[JobDemand, float, _Prepared]] = {}
 
 
 def _prepared(d: JobDemand, port_bps: float) -> _Prepared:
-    """Bytes and ideal circuits per pair and the ideal iteration time (memoised per demand)."""
+    """Bytes and ideal circuits per pair, the ideal iteration time and the pods (memoised
+    per demand)."""
     hit = _PREPARED.get(id(d))
     if hit is not None and hit[0] is d and hit[1] == port_bps:
         return hit[2]
@@ -301,7 +304,8 @@ def _prepared(d: JobDemand, port_bps: float) -> _Prepared:
             cap[k] = max(1, min(cap[k], math.ceil(x / (net * port_bps) - 1e-9)))
     if len(_PREPARED) > 8192:
         _PREPARED.clear()
-    result: _Prepared = (pair, cap, ideal)
+    pods = d.pods
+    result: _Prepared = (pair, cap, ideal, pods, frozenset(pods))
     _PREPARED[id(d)] = (d, port_bps, result)
     return result
 
@@ -400,8 +404,10 @@ class _Ports:
 
     def take_ports(self, pod: str, n: int) -> list[tuple[str, int]]:
         """Up to n free ports of one pod, from the OXCs with most free first."""
-        got = []
+        got: list[tuple[str, int]] = []
         f = self.free.get(pod, [])
+        if n <= 0 or max(f, default=0) <= 0:
+            return got  # nothing free there (the common case on full pods)
         for i in sorted(range(len(f)), key=lambda i: -f[i]):
             if n <= 0:
                 break
@@ -458,6 +464,7 @@ def allocate_ports(
 
     # every job keeps what it held
     if previous is not None:
+        free, index = ports.free, ports.index
         for o, a, b, n in previous.pool:
             k = ports.take_at(o, a, b, n)
             pool[(o, a, b)] += k
@@ -466,13 +473,21 @@ def allocate_ports(
             if pj is None or pj.mode != MODE_ISOLATED:
                 continue
             mine = circuits.setdefault(d.job_id, {})
+            w = work[d.job_id]
             for o, a, b, n in pj.circuits:
-                if (a, b) not in work[d.job_id].bytes:
+                if (a, b) not in w.bytes:
                     continue
-                k = ports.take_at(o, a, b, n)
-                if k:
+                # ports.take_at, inlined (about 2,000 circuits are kept per event)
+                i = index.get(o)
+                fa, fb = free.get(a), free.get(b)
+                if i is None or fa is None or fb is None:
+                    continue
+                k = min(n, fa[i], fb[i])
+                if k > 0:
+                    fa[i] -= k
+                    fb[i] -= k
                     mine[(o, a, b)] = mine.get((o, a, b), 0) + k
-                    work[d.job_id].have[(a, b)] += k
+                    w.have[(a, b)] += k
             for o, pod, n in pj.spare:
                 k = ports.take_port(o, pod, n)
                 if k:
@@ -511,7 +526,7 @@ def allocate_ports(
             (taken := _take_all(ports, short))
             or (
                 arrival
-                and _release_spare(ports, spare, set(w.d.pods))
+                and _release_spare(ports, spare, set(w.pods))
                 and (taken := _take_all(ports, short))
             )
             or (
@@ -541,7 +556,7 @@ def allocate_ports(
     if unserved:
         elec_jobs_on: dict[str, int] = defaultdict(int)
         for j in unserved:
-            for p in work[j].d.pods:
+            for p in work[j].pods:
                 elec_jobs_on[p] += 1
         for j in unserved:
             w = work[j]
@@ -599,7 +614,7 @@ def allocate_ports(
         _release_spare(ports, spare, set(ports.free))
     else:
         # jobs on those pods may turn their own spare ports into circuits
-        near = {j for j in spare if j in work and set(work[j].d.pods) & changed_pods}
+        near = {j for j in spare if j in work and work[j].pod_set & changed_pods}
         _release_spare(ports, {j: spare[j] for j in near}, set(ports.free))
         _release_spare(ports, spare, changed_pods)
     pool_have: dict[tuple[str, str], int] = defaultdict(int)
@@ -664,7 +679,7 @@ def allocate_ports(
 
     heap: list[tuple[float, int, str]] = []
     for j in isolated:
-        if any(pod_free[p] > 0 for p in work[j].d.pods):  # else nothing can grow it
+        if any(pod_free[p] > 0 for p in work[j].pods):  # else nothing can grow it
             heapq.heappush(heap, (-work[j].slowdown(port_bps), work[j].rank, j))
     if shared:
         s, _ = pool_slowdown()
@@ -800,7 +815,7 @@ def allocate_ports(
                 if (a, b) in w.bytes:
                     on_pod[a] += n
                     on_pod[b] += n
-            exp = tuple((p, on_pod[p] / k) for p in w.d.pods)
+            exp = tuple((p, on_pod[p] / k) for p in w.pods)
             nets = {x: work[x].net_s(pool_have, port_bps) for x in shared}
             busy = sum(v for v in nets.values() if math.isfinite(v))
             t = max(w.d.compute_s + nets[j], busy) * turn_overhead
@@ -819,7 +834,7 @@ def allocate_ports(
         else:
             elec_on: dict[str, int] = defaultdict(int)
             for x in electrical:
-                for p in work[x].d.pods:
+                for p in work[x].pods:
                     elec_on[p] += 1
             e_s = _electrical_s(w, electrical_gbps, elec_on)
             s = round(e_s / w.ideal_s, 4) if w.ideal_s > 0 else 1.0
@@ -897,25 +912,52 @@ def _shrink_for(
     below `below`; the one with the lowest slowdown gives first. Changes only
     the donors. False when some pair cannot be freed.
     """
+    # donors' slowdowns (and with one circuit fewer), asked once per pair: a donor's
+    # circuits change only when a plan is taken
+    slowdowns: dict[str, float] = {}
+    below_ok: dict[tuple[str, tuple[str, str, str]], bool] = {}
+
+    def slowdown(j: str) -> float:
+        got = slowdowns.get(j)
+        if got is None:
+            got = slowdowns[j] = work[j].slowdown(port_bps)
+        return got
+
+    def gives_below(j: str, key: tuple[str, str, str]) -> bool:
+        got = below_ok.get((j, key))
+        if got is None:
+            got = below_ok[(j, key)] = _slowdown_without(work[j], key, port_bps) < below
+        return got
+
     for a, b in pairs:
         if ports.room(a, b) >= 1:
             continue
+        # the donors' circuits on pod a or b, by OXC (gathered once per pair, not
+        # scanned per OXC: nothing changes until a plan is taken)
+        on_oxc: dict[str, list[tuple[str, tuple[str, str, str], int]]] = defaultdict(list)
+        for j in isolated:
+            if a not in work[j].pod_set and b not in work[j].pod_set:
+                continue
+            for key, n in circuits.get(j, {}).items():
+                if a in key[1:] or b in key[1:]:
+                    on_oxc[key[0]].append((j, key, n))
+        slowdowns.clear()
+        below_ok.clear()
         done = False
         for i, oxc in enumerate(ports.oxcs):
             plan: list[tuple[str, tuple[str, str, str]]] = []
             needed = [pod for pod in (a, b) if ports.free[pod][i] <= 0]
+            held = on_oxc.get(oxc, ())
             while needed:
                 pod = needed[0]
                 donors = [
                     # a circuit between both needed pods frees both at once
-                    (-len(set(needed) & set(key[1:])), work[j].slowdown(port_bps), j, key)
-                    for j in isolated
-                    for key, n in circuits.get(j, {}).items()
-                    if key[0] == oxc
-                    and pod in key[1:]
+                    (-len(set(needed) & set(key[1:])), slowdown(j), j, key)
+                    for j, key, n in held
+                    if pod in key[1:]
                     and n - sum(1 for _, k in plan if k == key) > 0
                     and work[j].have[(key[1], key[2])] - sum(1 for _, k in plan if k == key) > 1
-                    and (below == math.inf or _slowdown_without(work[j], key, port_bps) < below)
+                    and (below == math.inf or gives_below(j, key))
                 ]
                 if not donors:
                     break
@@ -956,8 +998,8 @@ def _rebalance_for(
     from jobs on its pods while they stay less slowed than it is (one at a time)."""
     w = work[job_id]
     mine = circuits.setdefault(job_id, {})
-    near = set(w.d.pods)
-    donors = [x for x in isolated if x != job_id and near & set(work[x].d.pods)]
+    near = w.pod_set
+    donors = [x for x in isolated if x != job_id and near & work[x].pod_set]
     for _ in range(sum(w.cap.values())):
         pair = w.bottleneck()
         if pair is None:
