@@ -56,6 +56,7 @@ MODE_ELECTRICAL = "electrical"
 MODE_NONE = "none"
 
 POOL = "(shared pool)"
+_NO_TRAFFIC = "no inter-pod traffic"
 # a water-filling step lowers a job's estimated slowdown to the next job's or by this factor
 STEP = 0.95
 # the share of spare ports handed out in proportion before water-filling
@@ -746,6 +747,7 @@ def allocate_ports(
 
     # spare ports for per-phase topologies: what nobody's circuits took, up to each
     # job's want on its pods (most slowed first)
+    exhausted: set[str] = set()  # pods with no free port left (this step only takes)
     for j in sorted(isolated, key=lambda x: -work[x].slowdown(port_bps)):
         w = work[j]
         held_ports: dict[str, int] = defaultdict(int)
@@ -756,7 +758,7 @@ def allocate_ports(
             held_ports[pod] += n
         before = prev_jobs[j].spare if j in prev_jobs else ()
         for pod, want in w.d.want:
-            if pod in held_ports or any(pod in k for k in w.bytes):
+            if pod in held_ports or pod in w.pod_set:
                 more = want - held_ports[pod]
                 # the same ports as before first: an unchanged job stays unchanged
                 for o, p_, n in before:
@@ -764,9 +766,12 @@ def allocate_ports(
                         k = ports.take_port(o, pod, min(n, more))
                         spare[j][(o, pod)] += k
                         more -= k
-                if more > 0:
+                if more > 0 and pod not in exhausted:
                     for o, k in ports.take_ports(pod, more):
                         spare[j][(o, pod)] += k
+                        more -= k
+                    if more > 0:
+                        exhausted.add(pod)
 
     # results
     isolated_set = set(isolated)
@@ -775,7 +780,17 @@ def allocate_ports(
     for d in demands:
         j = d.job_id
         if j not in work:
-            out.append(JobAllocation(j, MODE_NONE, (), (), 1.0, "no inter-pod traffic"))
+            old = prev_jobs.get(j)
+            if (
+                old is not None
+                and old.mode == MODE_NONE
+                and old.reason == _NO_TRAFFIC
+                and old.estimated_slowdown == 1.0
+                and not (old.circuits or old.expected_ports or old.spare)
+            ):
+                out.append(old)  # the same value: kept (most jobs stay inside a pod)
+            else:
+                out.append(JobAllocation(j, MODE_NONE, (), (), 1.0, _NO_TRAFFIC))
             continue
         w = work[j]
         if j in isolated_set:
@@ -939,7 +954,8 @@ def _shrink_for(
             if a not in work[j].pod_set and b not in work[j].pod_set:
                 continue
             for key, n in circuits.get(j, {}).items():
-                if a in key[1:] or b in key[1:]:
+                _, x, y = key
+                if x == a or y == a or x == b or y == b:
                     on_oxc[key[0]].append((j, key, n))
         slowdowns.clear()
         below_ok.clear()
@@ -999,7 +1015,13 @@ def _rebalance_for(
     w = work[job_id]
     mine = circuits.setdefault(job_id, {})
     near = w.pod_set
-    donors = [x for x in isolated if x != job_id and near & work[x].pod_set]
+    # donors by pod: a pair's shrink looks only at the jobs on its two pods
+    donors: dict[str, list[str]] = {p: [] for p in near}
+    for x in isolated:
+        if x != job_id:
+            for p in work[x].pods:
+                if p in near:
+                    donors[p].append(x)
     for _ in range(sum(w.cap.values())):
         pair = w.bottleneck()
         if pair is None:
@@ -1009,7 +1031,13 @@ def _rebalance_for(
         # at one level no single circuit lowers it, yet each is needed)
         gain = w.pair_slowdown(pair, w.have[pair] + 1, port_bps)
         if not ports.room(*pair) and not _shrink_for(
-            ports, circuits, work, donors, [pair], port_bps, below=gain
+            ports,
+            circuits,
+            work,
+            list(dict.fromkeys(donors[pair[0]] + donors[pair[1]])),
+            [pair],
+            port_bps,
+            below=gain,
         ):
             return
         got = ports.take(pair[0], pair[1], 1)
