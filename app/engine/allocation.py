@@ -919,6 +919,7 @@ def _shrink_for(
     pairs: Sequence[tuple[str, str]],
     port_bps: float,
     below: float = math.inf,
+    cache: _DonorCache | None = None,
 ) -> bool:
     """Free one port on both pods of each pair on a common OXC by shrinking others.
 
@@ -926,11 +927,12 @@ def _shrink_for(
     (never below their minimum) whose estimated slowdown after giving stays
     below `below`; the one with the lowest slowdown gives first. Changes only
     the donors. False when some pair cannot be freed.
+
+    A caller that asks again while no donor gains a circuit on a new OXC and pair
+    (an arrival's rebalance) may keep a `cache` between calls.
     """
-    # donors' slowdowns (and with one circuit fewer), asked once per pair: a donor's
-    # circuits change only when a plan is taken
-    slowdowns: dict[str, float] = {}
-    below_ok: dict[tuple[str, tuple[str, str, str]], bool] = {}
+    cache = _DonorCache() if cache is None else cache
+    index, slowdowns, without = cache.index, cache.slowdowns, cache.without
 
     def slowdown(j: str) -> float:
         got = slowdowns.get(j)
@@ -939,29 +941,21 @@ def _shrink_for(
         return got
 
     def gives_below(j: str, key: tuple[str, str, str]) -> bool:
-        got = below_ok.get((j, key))
+        got = without.get((j, key))
         if got is None:
-            got = below_ok[(j, key)] = _slowdown_without(work[j], key, port_bps) < below
-        return got
+            got = without[(j, key)] = _slowdown_without(work[j], key, port_bps)
+        return got < below
 
     for a, b in pairs:
         if ports.room(a, b) >= 1:
             continue
-        # the donors' circuits on pod a or b, by OXC (gathered once per pair, not
-        # scanned per OXC: nothing changes until a plan is taken)
-        on_oxc: dict[str, list[tuple[str, tuple[str, str, str], int]]] = defaultdict(list)
-        for j in isolated:
-            if a not in work[j].pod_set and b not in work[j].pod_set:
-                continue
-            for key, n in circuits.get(j, {}).items():
-                _, x, y = key
-                if x == a or y == a or x == b or y == b:
-                    on_oxc[key[0]].append((j, key, n))
-        slowdowns.clear()
-        below_ok.clear()
+        on_oxc = index.get((a, b))
+        if on_oxc is None:
+            on_oxc = index[(a, b)] = _donor_index(circuits, work, isolated, a, b)
         done = False
         for i, oxc in enumerate(ports.oxcs):
             plan: list[tuple[str, tuple[str, str, str]]] = []
+            planned: dict[tuple[str, str, str], int] = {}  # circuits the plan takes per key
             needed = [pod for pod in (a, b) if ports.free[pod][i] <= 0]
             held = on_oxc.get(oxc, ())
             while needed:
@@ -969,27 +963,68 @@ def _shrink_for(
                 donors = [
                     # a circuit between both needed pods frees both at once
                     (-len(set(needed) & set(key[1:])), slowdown(j), j, key)
-                    for j, key, n in held
+                    for j, key in held
                     if pod in key[1:]
-                    and n - sum(1 for _, k in plan if k == key) > 0
-                    and work[j].have[(key[1], key[2])] - sum(1 for _, k in plan if k == key) > 1
+                    and circuits[j][key] - planned.get(key, 0) > 0
+                    and work[j].have[(key[1], key[2])] - planned.get(key, 0) > 1
                     and (below == math.inf or gives_below(j, key))
                 ]
                 if not donors:
                     break
                 _, _, j, key = min(donors)
                 plan.append((j, key))
+                planned[key] = planned.get(key, 0) + 1
                 needed = [p for p in needed if p not in key[1:]]
             if not needed:
                 for j, key in plan:
                     circuits[j][key] -= 1
                     work[j].have[(key[1], key[2])] -= 1
                     ports.give(key[0], key[1], key[2], 1)
+                    slowdowns.pop(j, None)
+                    for k in [k for k in without if k[0] == j]:
+                        del without[k]
                 done = True
                 break
         if not done:
             return False
     return True
+
+
+# OXC -> (job, circuit key) of the donors' circuits that touch a pair's pods
+_DonorIndex = dict[str, list[tuple[str, tuple[str, str, str]]]]
+
+
+class _DonorCache:
+    """What `_shrink_for` learns of the donors, valid while none gains a circuit key:
+    per pair their circuits by OXC (counts are read live), per donor its slowdown,
+    per donor and circuit its slowdown without that circuit (a donor that gives is
+    dropped from the last two)."""
+
+    __slots__ = ("index", "slowdowns", "without")
+
+    def __init__(self) -> None:
+        self.index: dict[tuple[str, str], _DonorIndex] = {}
+        self.slowdowns: dict[str, float] = {}
+        self.without: dict[tuple[str, tuple[str, str, str]], float] = {}
+
+
+def _donor_index(
+    circuits: Mapping[str, Mapping[tuple[str, str, str], int]],
+    work: Mapping[str, _Job],
+    isolated: Sequence[str],
+    a: str,
+    b: str,
+) -> _DonorIndex:
+    """The circuits of `isolated` jobs on pod a or b, by OXC (counts are read live)."""
+    on_oxc: _DonorIndex = defaultdict(list)
+    for j in isolated:
+        if a not in work[j].pod_set and b not in work[j].pod_set:
+            continue
+        for key in circuits.get(j, {}):
+            _, x, y = key
+            if x == a or y == a or x == b or y == b:
+                on_oxc[key[0]].append((j, key))
+    return on_oxc
 
 
 def _slowdown_without(w: _Job, key: tuple[str, str, str], port_bps: float) -> float:
@@ -1015,7 +1050,10 @@ def _rebalance_for(
     w = work[job_id]
     mine = circuits.setdefault(job_id, {})
     near = w.pod_set
-    # donors by pod: a pair's shrink looks only at the jobs on its two pods
+    # donors by pod: a pair's shrink looks only at the jobs on its two pods; their
+    # circuits by OXC and their slowdowns are kept between shrinks (only this job
+    # gains circuits here, donors only give)
+    cache = _DonorCache()
     donors: dict[str, list[str]] = {p: [] for p in near}
     for x in isolated:
         if x != job_id:
@@ -1038,6 +1076,7 @@ def _rebalance_for(
             [pair],
             port_bps,
             below=gain,
+            cache=cache,
         ):
             return
         got = ports.take(pair[0], pair[1], 1)
