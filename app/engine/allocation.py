@@ -33,7 +33,11 @@ Allocation, in three steps:
 
 With `previous` and no new job (a completion, or a recomputation), every job
 starts from the circuits it held (they still fit: ports were only freed), so a
-completion never lowers anyone's share; the freed ports are water-filled.
+completion never lowers anyone's share; the freed ports are water-filled. With
+`previous`, circuits grow only for jobs on pods where something changed (a job
+came or went, a held circuit could not be kept, a job changed mode or gave
+circuits to an arrival): re-allocating the same jobs leaves every isolated job
+as it was.
 """
 
 from __future__ import annotations
@@ -463,12 +467,18 @@ def allocate_ports(
     spare: dict[str, dict[tuple[str, str], int]] = defaultdict(lambda: defaultdict(int))
     pool: dict[tuple[str, str, str], int] = defaultdict(int)
 
+    # pods where what a job held could not be kept (failed ports, changed demand): its
+    # circuits may grow back there in step 3
+    unkept: set[str] = set()
+    gave: set[str] = set()  # jobs that gave circuits to an arrival
     # every job keeps what it held
     if previous is not None:
         free, index = ports.free, ports.index
         for o, a, b, n in previous.pool:
             k = ports.take_at(o, a, b, n)
             pool[(o, a, b)] += k
+            if k < n:
+                unkept.update((a, b))
         for d in order:
             pj = prev_jobs.get(d.job_id)
             if pj is None or pj.mode != MODE_ISOLATED:
@@ -477,13 +487,17 @@ def allocate_ports(
             w = work[d.job_id]
             for o, a, b, n in pj.circuits:
                 if (a, b) not in w.bytes:
+                    unkept.update((a, b))
                     continue
                 # ports.take_at, inlined (about 2,000 circuits are kept per event)
                 i = index.get(o)
                 fa, fb = free.get(a), free.get(b)
                 if i is None or fa is None or fb is None:
+                    unkept.update((a, b))
                     continue
                 k = min(n, fa[i], fb[i])
+                if k < n:
+                    unkept.update((a, b))
                 if k > 0:
                     fa[i] -= k
                     fb[i] -= k
@@ -493,6 +507,8 @@ def allocate_ports(
                 k = ports.take_port(o, pod, n)
                 if k:
                     spare[d.job_id][(o, pod)] += k
+                if k < n:
+                    unkept.add(pod)
 
     # 1. minimum: one circuit per pair, all or nothing
     was = {d.job_id: prev_jobs[d.job_id].mode for d in order if d.job_id in prev_jobs}
@@ -536,7 +552,15 @@ def allocate_ports(
                     taken := _take_all(
                         ports,
                         short,
-                        lambda pair: _shrink_for(ports, circuits, work, isolated, [pair], port_bps),
+                        lambda pair: _shrink_for(
+                            ports,
+                            circuits,
+                            work,
+                            isolated,
+                            [pair],
+                            port_bps,
+                            cache=_DonorCache(gave),
+                        ),
                     )
                 )
             )
@@ -547,7 +571,7 @@ def allocate_ports(
                 w.have[(a, b)] += 1
             isolated.append(d.job_id)
             if arrival and d.job_id not in prev_jobs:
-                _rebalance_for(d.job_id, ports, circuits, work, isolated, port_bps)
+                _rebalance_for(d.job_id, ports, circuits, work, isolated, port_bps, gave)
         else:
             unserved.append(d.job_id)
 
@@ -611,6 +635,14 @@ def allocate_ports(
     for gone in prev_jobs.values():
         if gone.job_id not in present:
             changed_pods.update(p for _, p, _ in gone.oxc_ports)
+    # with `previous`, circuits grow only for jobs on pods where something changed: a
+    # job came or went, a held circuit was lost, a job changed mode (turns, a new
+    # slice) or gave circuits to an arrival; elsewhere what was water-filled stays
+    grow_pods = changed_pods | unkept
+    isolated_now = set(isolated)
+    for j, pj in prev_jobs.items():
+        if j in work and (j in gave or (j in isolated_now) != (pj.mode == MODE_ISOLATED)):
+            grow_pods.update(work[j].pods)
     if previous is None:
         _release_spare(ports, spare, set(ports.free))
     else:
@@ -669,7 +701,8 @@ def allocate_ports(
                 short_on[a] += gap
                 short_on[b] += gap
     ratio = {p: min(1.0, pod_free[p] / n) * START for p, n in short_on.items() if n > 0}
-    for j in isolated:
+    growing = [j for j in isolated if previous is None or work[j].pod_set & grow_pods]
+    for j in growing:
         w = work[j]
         for (a, b), c in w.have.items():
             gap = w.cap[(a, b)] - c
@@ -679,7 +712,7 @@ def allocate_ports(
                     grant(j, a, b, k)
 
     heap: list[tuple[float, int, str]] = []
-    for j in isolated:
+    for j in growing:
         if any(pod_free[p] > 0 for p in work[j].pods):  # else nothing can grow it
             heapq.heappush(heap, (-work[j].slowdown(port_bps), work[j].rank, j))
     if shared:
@@ -981,6 +1014,7 @@ def _shrink_for(
                     work[j].have[(key[1], key[2])] -= 1
                     ports.give(key[0], key[1], key[2], 1)
                     slowdowns.pop(j, None)
+                    cache.gave.add(j)
                     for k in [k for k in without if k[0] == j]:
                         del without[k]
                 done = True
@@ -998,14 +1032,15 @@ class _DonorCache:
     """What `_shrink_for` learns of the donors, valid while none gains a circuit key:
     per pair their circuits by OXC (counts are read live), per donor its slowdown,
     per donor and circuit its slowdown without that circuit (a donor that gives is
-    dropped from the last two)."""
+    dropped from the last two; `gave` collects the donors)."""
 
-    __slots__ = ("index", "slowdowns", "without")
+    __slots__ = ("index", "slowdowns", "without", "gave")
 
-    def __init__(self) -> None:
+    def __init__(self, gave: set[str] | None = None) -> None:
         self.index: dict[tuple[str, str], _DonorIndex] = {}
         self.slowdowns: dict[str, float] = {}
         self.without: dict[tuple[str, tuple[str, str, str]], float] = {}
+        self.gave: set[str] = set() if gave is None else gave  # donors that gave
 
 
 def _donor_index(
@@ -1044,6 +1079,7 @@ def _rebalance_for(
     work: Mapping[str, _Job],
     isolated: Sequence[str],
     port_bps: float,
+    gave: set[str],
 ) -> None:
     """Water-filling for an arrival on top of what runs: the new job takes circuits
     from jobs on its pods while they stay less slowed than it is (one at a time)."""
@@ -1053,7 +1089,7 @@ def _rebalance_for(
     # donors by pod: a pair's shrink looks only at the jobs on its two pods; their
     # circuits by OXC and their slowdowns are kept between shrinks (only this job
     # gains circuits here, donors only give)
-    cache = _DonorCache()
+    cache = _DonorCache(gave)
     donors: dict[str, list[str]] = {p: [] for p in near}
     for x in isolated:
         if x != job_id:
