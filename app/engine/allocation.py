@@ -712,8 +712,9 @@ def allocate_ports(
                     grant(j, a, b, k)
 
     heap: list[tuple[float, int, str]] = []
+    has_free = {p for p, n in pod_free.items() if n > 0}
     for j in growing:
-        if any(pod_free[p] > 0 for p in work[j].pods):  # else nothing can grow it
+        if not work[j].pod_set.isdisjoint(has_free):  # else nothing can grow it
             heapq.heappush(heap, (-work[j].slowdown(port_bps), work[j].rank, j))
     if shared:
         s, _ = pool_slowdown()
@@ -827,11 +828,22 @@ def allocate_ports(
             continue
         w = work[j]
         if j in isolated_set:
-            own = tuple(
-                (o, a, b, n) for (o, a, b), n in sorted(circuits.get(j, {}).items()) if n > 0
-            )
-            spare_out = tuple((o, pod, n) for (o, pod), n in sorted(spare[j].items()) if n > 0)
+            mine, spare_j = circuits.get(j, {}), spare[j]
             old = prev_jobs.get(j)
+            if (
+                old is not None
+                and old.mode == MODE_ISOLATED
+                # the same entries as before (old ones are sorted and positive), checked
+                # without sorting: most jobs are unchanged
+                and len(mine) == len(old.circuits)
+                and all(mine.get((o, a, b)) == n for o, a, b, n in old.circuits)
+                and len(spare_j) == len(old.spare)
+                and all(spare_j.get((o, pod)) == n for o, pod, n in old.spare)
+            ):
+                out.append(old)  # unchanged: the same allocation (and object)
+                continue
+            own = tuple((o, a, b, n) for (o, a, b), n in sorted(mine.items()) if n > 0)
+            spare_out = tuple((o, pod, n) for (o, pod), n in sorted(spare_j.items()) if n > 0)
             if (
                 old is not None
                 and old.mode == MODE_ISOLATED
