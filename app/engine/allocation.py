@@ -33,7 +33,11 @@ Allocation, in three steps:
 
 With `previous` and no new job (a completion, or a recomputation), every job
 starts from the circuits it held (they still fit: ports were only freed), so a
-completion never lowers anyone's share; the freed ports are water-filled.
+completion never lowers anyone's share; the freed ports are water-filled. With
+`previous`, circuits grow only for jobs on pods where something changed (a job
+came or went, a held circuit could not be kept, a job changed mode or gave
+circuits to an arrival): re-allocating the same jobs leaves every isolated job
+as it was.
 """
 
 from __future__ import annotations
@@ -56,6 +60,7 @@ MODE_ELECTRICAL = "electrical"
 MODE_NONE = "none"
 
 POOL = "(shared pool)"
+_NO_TRAFFIC = "no inter-pod traffic"
 # a water-filling step lowers a job's estimated slowdown to the next job's or by this factor
 STEP = 0.95
 # the share of spare ports handed out in proportion before water-filling
@@ -218,12 +223,12 @@ def compute_estimate_s(job: Job) -> float:
 class _Job:
     """Mutable working state of one job during allocation."""
 
-    __slots__ = ("d", "bytes", "cap", "have", "ideal_s", "rank", "prev")
+    __slots__ = ("d", "bytes", "cap", "have", "ideal_s", "rank", "prev", "pods", "pod_set")
 
     def __init__(self, d: JobDemand, port_bps: float, rank: int) -> None:
         self.d = d
         self.rank = rank
-        self.bytes, self.cap, self.ideal_s = _prepared(d, port_bps)
+        self.bytes, self.cap, self.ideal_s, self.pods, self.pod_set = _prepared(d, port_bps)
         self.have: dict[tuple[str, str], int] = dict.fromkeys(self.bytes, 0)
         self.prev: dict[tuple[str, str, str], int] = {}
 
@@ -272,12 +277,15 @@ class _Job:
         return worst is not None and have[worst] >= self.cap[worst]
 
 
-_Prepared = tuple[dict[tuple[str, str], float], dict[tuple[str, str], int], float]
+_Prepared = tuple[
+    dict[tuple[str, str], float], dict[tuple[str, str], int], float, tuple[str, ...], frozenset[str]
+]
 _PREPARED: dict[int, tuple[JobDemand, float, _Prepared]] = {}
 
 
 def _prepared(d: JobDemand, port_bps: float) -> _Prepared:
-    """Bytes and ideal circuits per pair and the ideal iteration time (memoised per demand)."""
+    """Bytes and ideal circuits per pair, the ideal iteration time and the pods (memoised
+    per demand)."""
     hit = _PREPARED.get(id(d))
     if hit is not None and hit[0] is d and hit[1] == port_bps:
         return hit[2]
@@ -301,7 +309,8 @@ def _prepared(d: JobDemand, port_bps: float) -> _Prepared:
             cap[k] = max(1, min(cap[k], math.ceil(x / (net * port_bps) - 1e-9)))
     if len(_PREPARED) > 8192:
         _PREPARED.clear()
-    result: _Prepared = (pair, cap, ideal)
+    pods = d.pods
+    result: _Prepared = (pair, cap, ideal, pods, frozenset(pods))
     _PREPARED[id(d)] = (d, port_bps, result)
     return result
 
@@ -400,8 +409,10 @@ class _Ports:
 
     def take_ports(self, pod: str, n: int) -> list[tuple[str, int]]:
         """Up to n free ports of one pod, from the OXCs with most free first."""
-        got = []
+        got: list[tuple[str, int]] = []
         f = self.free.get(pod, [])
+        if n <= 0 or max(f, default=0) <= 0:
+            return got  # nothing free there (the common case on full pods)
         for i in sorted(range(len(f)), key=lambda i: -f[i]):
             if n <= 0:
                 break
@@ -456,27 +467,48 @@ def allocate_ports(
     spare: dict[str, dict[tuple[str, str], int]] = defaultdict(lambda: defaultdict(int))
     pool: dict[tuple[str, str, str], int] = defaultdict(int)
 
+    # pods where what a job held could not be kept (failed ports, changed demand): its
+    # circuits may grow back there in step 3
+    unkept: set[str] = set()
+    gave: set[str] = set()  # jobs that gave circuits to an arrival
     # every job keeps what it held
     if previous is not None:
+        free, index = ports.free, ports.index
         for o, a, b, n in previous.pool:
             k = ports.take_at(o, a, b, n)
             pool[(o, a, b)] += k
+            if k < n:
+                unkept.update((a, b))
         for d in order:
             pj = prev_jobs.get(d.job_id)
             if pj is None or pj.mode != MODE_ISOLATED:
                 continue
             mine = circuits.setdefault(d.job_id, {})
+            w = work[d.job_id]
             for o, a, b, n in pj.circuits:
-                if (a, b) not in work[d.job_id].bytes:
+                if (a, b) not in w.bytes:
+                    unkept.update((a, b))
                     continue
-                k = ports.take_at(o, a, b, n)
-                if k:
+                # ports.take_at, inlined (about 2,000 circuits are kept per event)
+                i = index.get(o)
+                fa, fb = free.get(a), free.get(b)
+                if i is None or fa is None or fb is None:
+                    unkept.update((a, b))
+                    continue
+                k = min(n, fa[i], fb[i])
+                if k < n:
+                    unkept.update((a, b))
+                if k > 0:
+                    fa[i] -= k
+                    fb[i] -= k
                     mine[(o, a, b)] = mine.get((o, a, b), 0) + k
-                    work[d.job_id].have[(a, b)] += k
+                    w.have[(a, b)] += k
             for o, pod, n in pj.spare:
                 k = ports.take_port(o, pod, n)
                 if k:
                     spare[d.job_id][(o, pod)] += k
+                if k < n:
+                    unkept.add(pod)
 
     # 1. minimum: one circuit per pair, all or nothing
     was = {d.job_id: prev_jobs[d.job_id].mode for d in order if d.job_id in prev_jobs}
@@ -511,7 +543,7 @@ def allocate_ports(
             (taken := _take_all(ports, short))
             or (
                 arrival
-                and _release_spare(ports, spare, set(w.d.pods))
+                and _release_spare(ports, spare, set(w.pods))
                 and (taken := _take_all(ports, short))
             )
             or (
@@ -520,7 +552,15 @@ def allocate_ports(
                     taken := _take_all(
                         ports,
                         short,
-                        lambda pair: _shrink_for(ports, circuits, work, isolated, [pair], port_bps),
+                        lambda pair: _shrink_for(
+                            ports,
+                            circuits,
+                            work,
+                            isolated,
+                            [pair],
+                            port_bps,
+                            cache=_DonorCache(gave),
+                        ),
                     )
                 )
             )
@@ -531,7 +571,7 @@ def allocate_ports(
                 w.have[(a, b)] += 1
             isolated.append(d.job_id)
             if arrival and d.job_id not in prev_jobs:
-                _rebalance_for(d.job_id, ports, circuits, work, isolated, port_bps)
+                _rebalance_for(d.job_id, ports, circuits, work, isolated, port_bps, gave)
         else:
             unserved.append(d.job_id)
 
@@ -541,7 +581,7 @@ def allocate_ports(
     if unserved:
         elec_jobs_on: dict[str, int] = defaultdict(int)
         for j in unserved:
-            for p in work[j].d.pods:
+            for p in work[j].pods:
                 elec_jobs_on[p] += 1
         for j in unserved:
             w = work[j]
@@ -595,11 +635,19 @@ def allocate_ports(
     for gone in prev_jobs.values():
         if gone.job_id not in present:
             changed_pods.update(p for _, p, _ in gone.oxc_ports)
+    # with `previous`, circuits grow only for jobs on pods where something changed: a
+    # job came or went, a held circuit was lost, a job changed mode (turns, a new
+    # slice) or gave circuits to an arrival; elsewhere what was water-filled stays
+    grow_pods = changed_pods | unkept
+    isolated_now = set(isolated)
+    for j, pj in prev_jobs.items():
+        if j in work and (j in gave or (j in isolated_now) != (pj.mode == MODE_ISOLATED)):
+            grow_pods.update(work[j].pods)
     if previous is None:
         _release_spare(ports, spare, set(ports.free))
     else:
         # jobs on those pods may turn their own spare ports into circuits
-        near = {j for j in spare if j in work and set(work[j].d.pods) & changed_pods}
+        near = {j for j in spare if j in work and work[j].pod_set & changed_pods}
         _release_spare(ports, {j: spare[j] for j in near}, set(ports.free))
         _release_spare(ports, spare, changed_pods)
     pool_have: dict[tuple[str, str], int] = defaultdict(int)
@@ -653,7 +701,8 @@ def allocate_ports(
                 short_on[a] += gap
                 short_on[b] += gap
     ratio = {p: min(1.0, pod_free[p] / n) * START for p, n in short_on.items() if n > 0}
-    for j in isolated:
+    growing = [j for j in isolated if previous is None or work[j].pod_set & grow_pods]
+    for j in growing:
         w = work[j]
         for (a, b), c in w.have.items():
             gap = w.cap[(a, b)] - c
@@ -663,8 +712,9 @@ def allocate_ports(
                     grant(j, a, b, k)
 
     heap: list[tuple[float, int, str]] = []
-    for j in isolated:
-        if any(pod_free[p] > 0 for p in work[j].d.pods):  # else nothing can grow it
+    has_free = {p for p, n in pod_free.items() if n > 0}
+    for j in growing:
+        if not work[j].pod_set.isdisjoint(has_free):  # else nothing can grow it
             heapq.heappush(heap, (-work[j].slowdown(port_bps), work[j].rank, j))
     if shared:
         s, _ = pool_slowdown()
@@ -731,6 +781,7 @@ def allocate_ports(
 
     # spare ports for per-phase topologies: what nobody's circuits took, up to each
     # job's want on its pods (most slowed first)
+    exhausted: set[str] = set()  # pods with no free port left (this step only takes)
     for j in sorted(isolated, key=lambda x: -work[x].slowdown(port_bps)):
         w = work[j]
         held_ports: dict[str, int] = defaultdict(int)
@@ -741,7 +792,7 @@ def allocate_ports(
             held_ports[pod] += n
         before = prev_jobs[j].spare if j in prev_jobs else ()
         for pod, want in w.d.want:
-            if pod in held_ports or any(pod in k for k in w.bytes):
+            if pod in held_ports or pod in w.pod_set:
                 more = want - held_ports[pod]
                 # the same ports as before first: an unchanged job stays unchanged
                 for o, p_, n in before:
@@ -749,9 +800,12 @@ def allocate_ports(
                         k = ports.take_port(o, pod, min(n, more))
                         spare[j][(o, pod)] += k
                         more -= k
-                if more > 0:
+                if more > 0 and pod not in exhausted:
                     for o, k in ports.take_ports(pod, more):
                         spare[j][(o, pod)] += k
+                        more -= k
+                    if more > 0:
+                        exhausted.add(pod)
 
     # results
     isolated_set = set(isolated)
@@ -760,15 +814,36 @@ def allocate_ports(
     for d in demands:
         j = d.job_id
         if j not in work:
-            out.append(JobAllocation(j, MODE_NONE, (), (), 1.0, "no inter-pod traffic"))
+            old = prev_jobs.get(j)
+            if (
+                old is not None
+                and old.mode == MODE_NONE
+                and old.reason == _NO_TRAFFIC
+                and old.estimated_slowdown == 1.0
+                and not (old.circuits or old.expected_ports or old.spare)
+            ):
+                out.append(old)  # the same value: kept (most jobs stay inside a pod)
+            else:
+                out.append(JobAllocation(j, MODE_NONE, (), (), 1.0, _NO_TRAFFIC))
             continue
         w = work[j]
         if j in isolated_set:
-            own = tuple(
-                (o, a, b, n) for (o, a, b), n in sorted(circuits.get(j, {}).items()) if n > 0
-            )
-            spare_out = tuple((o, pod, n) for (o, pod), n in sorted(spare[j].items()) if n > 0)
+            mine, spare_j = circuits.get(j, {}), spare[j]
             old = prev_jobs.get(j)
+            if (
+                old is not None
+                and old.mode == MODE_ISOLATED
+                # the same entries as before (old ones are sorted and positive), checked
+                # without sorting: most jobs are unchanged
+                and len(mine) == len(old.circuits)
+                and all(mine.get((o, a, b)) == n for o, a, b, n in old.circuits)
+                and len(spare_j) == len(old.spare)
+                and all(spare_j.get((o, pod)) == n for o, pod, n in old.spare)
+            ):
+                out.append(old)  # unchanged: the same allocation (and object)
+                continue
+            own = tuple((o, a, b, n) for (o, a, b), n in sorted(mine.items()) if n > 0)
+            spare_out = tuple((o, pod, n) for (o, pod), n in sorted(spare_j.items()) if n > 0)
             if (
                 old is not None
                 and old.mode == MODE_ISOLATED
@@ -800,7 +875,7 @@ def allocate_ports(
                 if (a, b) in w.bytes:
                     on_pod[a] += n
                     on_pod[b] += n
-            exp = tuple((p, on_pod[p] / k) for p in w.d.pods)
+            exp = tuple((p, on_pod[p] / k) for p in w.pods)
             nets = {x: work[x].net_s(pool_have, port_bps) for x in shared}
             busy = sum(v for v in nets.values() if math.isfinite(v))
             t = max(w.d.compute_s + nets[j], busy) * turn_overhead
@@ -819,7 +894,7 @@ def allocate_ports(
         else:
             elec_on: dict[str, int] = defaultdict(int)
             for x in electrical:
-                for p in work[x].d.pods:
+                for p in work[x].pods:
                     elec_on[p] += 1
             e_s = _electrical_s(w, electrical_gbps, elec_on)
             s = round(e_s / w.ideal_s, 4) if w.ideal_s > 0 else 1.0
@@ -889,6 +964,7 @@ def _shrink_for(
     pairs: Sequence[tuple[str, str]],
     port_bps: float,
     below: float = math.inf,
+    cache: _DonorCache | None = None,
 ) -> bool:
     """Free one port on both pods of each pair on a common OXC by shrinking others.
 
@@ -896,42 +972,106 @@ def _shrink_for(
     (never below their minimum) whose estimated slowdown after giving stays
     below `below`; the one with the lowest slowdown gives first. Changes only
     the donors. False when some pair cannot be freed.
+
+    A caller that asks again while no donor gains a circuit on a new OXC and pair
+    (an arrival's rebalance) may keep a `cache` between calls.
     """
+    cache = _DonorCache() if cache is None else cache
+    index, slowdowns, without = cache.index, cache.slowdowns, cache.without
+
+    def slowdown(j: str) -> float:
+        got = slowdowns.get(j)
+        if got is None:
+            got = slowdowns[j] = work[j].slowdown(port_bps)
+        return got
+
+    def gives_below(j: str, key: tuple[str, str, str]) -> bool:
+        got = without.get((j, key))
+        if got is None:
+            got = without[(j, key)] = _slowdown_without(work[j], key, port_bps)
+        return got < below
+
     for a, b in pairs:
         if ports.room(a, b) >= 1:
             continue
+        on_oxc = index.get((a, b))
+        if on_oxc is None:
+            on_oxc = index[(a, b)] = _donor_index(circuits, work, isolated, a, b)
         done = False
         for i, oxc in enumerate(ports.oxcs):
             plan: list[tuple[str, tuple[str, str, str]]] = []
+            planned: dict[tuple[str, str, str], int] = {}  # circuits the plan takes per key
             needed = [pod for pod in (a, b) if ports.free[pod][i] <= 0]
+            held = on_oxc.get(oxc, ())
             while needed:
                 pod = needed[0]
                 donors = [
                     # a circuit between both needed pods frees both at once
-                    (-len(set(needed) & set(key[1:])), work[j].slowdown(port_bps), j, key)
-                    for j in isolated
-                    for key, n in circuits.get(j, {}).items()
-                    if key[0] == oxc
-                    and pod in key[1:]
-                    and n - sum(1 for _, k in plan if k == key) > 0
-                    and work[j].have[(key[1], key[2])] - sum(1 for _, k in plan if k == key) > 1
-                    and (below == math.inf or _slowdown_without(work[j], key, port_bps) < below)
+                    (-len(set(needed) & set(key[1:])), slowdown(j), j, key)
+                    for j, key in held
+                    if pod in key[1:]
+                    and circuits[j][key] - planned.get(key, 0) > 0
+                    and work[j].have[(key[1], key[2])] - planned.get(key, 0) > 1
+                    and (below == math.inf or gives_below(j, key))
                 ]
                 if not donors:
                     break
                 _, _, j, key = min(donors)
                 plan.append((j, key))
+                planned[key] = planned.get(key, 0) + 1
                 needed = [p for p in needed if p not in key[1:]]
             if not needed:
                 for j, key in plan:
                     circuits[j][key] -= 1
                     work[j].have[(key[1], key[2])] -= 1
                     ports.give(key[0], key[1], key[2], 1)
+                    slowdowns.pop(j, None)
+                    cache.gave.add(j)
+                    for k in [k for k in without if k[0] == j]:
+                        del without[k]
                 done = True
                 break
         if not done:
             return False
     return True
+
+
+# OXC -> (job, circuit key) of the donors' circuits that touch a pair's pods
+_DonorIndex = dict[str, list[tuple[str, tuple[str, str, str]]]]
+
+
+class _DonorCache:
+    """What `_shrink_for` learns of the donors, valid while none gains a circuit key:
+    per pair their circuits by OXC (counts are read live), per donor its slowdown,
+    per donor and circuit its slowdown without that circuit (a donor that gives is
+    dropped from the last two; `gave` collects the donors)."""
+
+    __slots__ = ("index", "slowdowns", "without", "gave")
+
+    def __init__(self, gave: set[str] | None = None) -> None:
+        self.index: dict[tuple[str, str], _DonorIndex] = {}
+        self.slowdowns: dict[str, float] = {}
+        self.without: dict[tuple[str, tuple[str, str, str]], float] = {}
+        self.gave: set[str] = set() if gave is None else gave  # donors that gave
+
+
+def _donor_index(
+    circuits: Mapping[str, Mapping[tuple[str, str, str], int]],
+    work: Mapping[str, _Job],
+    isolated: Sequence[str],
+    a: str,
+    b: str,
+) -> _DonorIndex:
+    """The circuits of `isolated` jobs on pod a or b, by OXC (counts are read live)."""
+    on_oxc: _DonorIndex = defaultdict(list)
+    for j in isolated:
+        if a not in work[j].pod_set and b not in work[j].pod_set:
+            continue
+        for key in circuits.get(j, {}):
+            _, x, y = key
+            if x == a or y == a or x == b or y == b:
+                on_oxc[key[0]].append((j, key))
+    return on_oxc
 
 
 def _slowdown_without(w: _Job, key: tuple[str, str, str], port_bps: float) -> float:
@@ -951,13 +1091,23 @@ def _rebalance_for(
     work: Mapping[str, _Job],
     isolated: Sequence[str],
     port_bps: float,
+    gave: set[str],
 ) -> None:
     """Water-filling for an arrival on top of what runs: the new job takes circuits
     from jobs on its pods while they stay less slowed than it is (one at a time)."""
     w = work[job_id]
     mine = circuits.setdefault(job_id, {})
-    near = set(w.d.pods)
-    donors = [x for x in isolated if x != job_id and near & set(work[x].d.pods)]
+    near = w.pod_set
+    # donors by pod: a pair's shrink looks only at the jobs on its two pods; their
+    # circuits by OXC and their slowdowns are kept between shrinks (only this job
+    # gains circuits here, donors only give)
+    cache = _DonorCache(gave)
+    donors: dict[str, list[str]] = {p: [] for p in near}
+    for x in isolated:
+        if x != job_id:
+            for p in work[x].pods:
+                if p in near:
+                    donors[p].append(x)
     for _ in range(sum(w.cap.values())):
         pair = w.bottleneck()
         if pair is None:
@@ -967,7 +1117,14 @@ def _rebalance_for(
         # at one level no single circuit lowers it, yet each is needed)
         gain = w.pair_slowdown(pair, w.have[pair] + 1, port_bps)
         if not ports.room(*pair) and not _shrink_for(
-            ports, circuits, work, donors, [pair], port_bps, below=gain
+            ports,
+            circuits,
+            work,
+            list(dict.fromkeys(donors[pair[0]] + donors[pair[1]])),
+            [pair],
+            port_bps,
+            below=gain,
+            cache=cache,
         ):
             return
         got = ports.take(pair[0], pair[1], 1)

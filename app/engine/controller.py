@@ -425,7 +425,11 @@ def _reallocate(
     allocation = allocate_ports(
         cluster, demands, previous=before_alloc if before_alloc.jobs else None
     )
-    changed_alloc = {ja.job_id for ja in allocation.jobs if before_alloc.job(ja.job_id) != ja}
+    changed_alloc = {
+        ja.job_id
+        for ja in allocation.jobs
+        if (was := before_alloc.job(ja.job_id)) is not ja and was != ja  # kept: same object
+    }
     if before_alloc.turn_order != allocation.turn_order:
         changed_alloc |= set(before_alloc.turn_order) | set(allocation.turn_order)
     if previous is not None and changed_alloc:

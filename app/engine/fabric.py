@@ -249,8 +249,11 @@ def _pod(cluster: Cluster, endpoint: str) -> str | None:
     return tor.pod_id if tor else None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _Draft:
+    """Working state of one job inside `plan_fabric` (not frozen: one is built per
+    job per pass, and a frozen dataclass's __init__ costs ~3x as much)."""
+
     job: Job
     placement: Placement
     collective: CollectiveChoice
@@ -327,7 +330,7 @@ def plan_fabric(
                     old.collective,
                     old.slice,
                     (),
-                    DemandMatrix((), ()),
+                    _NO_DEMAND,
                     old.plan,
                     old.phase_plans,
                     old,
@@ -425,6 +428,20 @@ def plan_fabric(
     rest = map_cross_connects(
         cluster, wanted, (cc for cc in current if cc.job_id in wanted), occupied
     )
+    if rest.unmapped:
+        # a re-planned job's kept cross-connect can hold the last port of a pod on the
+        # only OXC where its other pair fits (hypothesis found one: a sharer's kept
+        # pod-0/pod-2 circuit on oxc-1 left its second pod-0/pod-1 circuit nowhere):
+        # those jobs are mapped afresh (their plan changed anyway)
+        short = {u[0] for u in rest.unmapped}
+        fresh = map_cross_connects(
+            cluster,
+            wanted,
+            (cc for cc in current if cc.job_id in wanted and cc.job_id not in short),
+            occupied,
+        )
+        if len(fresh.unmapped) < len(rest.unmapped):
+            rest = fresh
     mapping = replace(
         rest,
         cross_connects=tuple(sorted(exact.cross_connects + rest.cross_connects)),
@@ -461,6 +478,7 @@ def _allocated_slice(job_id: str, ja: JobAllocation | None, demand: DemandMatrix
 
 
 _EMPTY_PLAN = CircuitPlan(PodCircuits((), ()), 0.0, 0.0, (), "none")
+_NO_DEMAND = DemandMatrix((), ())  # a kept job's draft: its demand is not re-derived
 
 
 def _reclaim_for_turns(
@@ -663,10 +681,13 @@ def diff_plans(
         job_id = jobs.pop() if len(jobs) == 1 else None
         decisions.append(Decision("oxc", job_id, reason, oxc=change))
     was = {j.job_id: j for j in before.jobs} if before else {}
-    old = {(r.job_id, r.phase): r for j in was.values() for r in j.routing}
     for j in after.jobs:
-        if was.get(j.job_id) is j:
+        prior = was.get(j.job_id)
+        if prior is j:
             continue  # kept as it was: same headers
+        # a job's headers are its own (route_phases writes them under its id), so only
+        # the headers of the job it was are compared, not every job's
+        old = {(r.job_id, r.phase): r for r in prior.routing} if prior is not None else {}
         for r in j.routing:
             if old.get((r.job_id, r.phase)) != r:
                 decisions.append(Decision("routing", r.job_id, reason, routing=r))

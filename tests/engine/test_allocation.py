@@ -256,6 +256,46 @@ def test_an_arrival_changes_only_jobs_near_it(
             assert set(d.pods) & touched, (d.job_id, old, now)
 
 
+@settings(max_examples=150, deadline=None)
+@given(scenarios())
+def test_a_recomputation_with_nothing_changed_changes_only_the_turns(
+    case: tuple[Cluster, list[JobDemand], float],
+) -> None:
+    """Re-allocating the same jobs on top of their own allocation keeps every isolated
+    job as it was: water-filling grows circuits only on pods where something changed.
+    Only a job taking turns may move (it leaves them once it can claim its share)."""
+    cluster, demands, electrical = case
+    before = allocate_ports(cluster, demands, electrical_gbps=electrical)
+    again = allocate_ports(cluster, demands, previous=before, electrical_gbps=electrical)
+    for d in demands:
+        old, now = before.job(d.job_id), again.job(d.job_id)
+        if old != now:
+            assert d.job_id in before.turn_order, (old, now)
+
+
+def test_a_job_inside_one_pod_arriving_leaves_the_others_as_they_are() -> None:
+    """Hypothesis found this on the allocator before growth was limited to changed pods:
+    j1's bottleneck (pod-0/pod-4) could not grow, yet a recomputation gave it a second
+    pod-0/pod-1 circuit that lowered nothing, on an arrival with no cross-pod traffic."""
+    cluster = _cluster(5, 2, 8)
+    demands = [
+        JobDemand("j0", (("pod-2", "pod-4", 1e6),), (("pod-2", 15), ("pod-4", 12)), 0.0),
+        JobDemand(
+            "j1",
+            (("pod-0", "pod-1", 286e6), ("pod-0", "pod-4", 1429e6), ("pod-1", "pod-4", 1e6)),
+            (("pod-0", 6), ("pod-1", 2), ("pod-4", 5)),
+            0.01,
+        ),
+        JobDemand("j2", (("pod-0", "pod-2", 1e6),), (("pod-0", 1), ("pod-2", 1)), 0.0),
+    ]
+    before = allocate_ports(cluster, demands)
+    after = allocate_ports(
+        cluster, [*demands, JobDemand("j3", (), (("pod-0", 1),), 0.0)], previous=before
+    )
+    for d in demands:
+        assert after.job(d.job_id) == before.job(d.job_id)
+
+
 def test_a_chain_job_holds_spare_ports_for_its_phase_topologies() -> None:
     """Stages in pods 0, 1, 2: the held topology splits pod-1 over two pairs, but
     each phase uses one pair; the job keeps the free ports of pods 0 and 2 as spare

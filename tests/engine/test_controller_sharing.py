@@ -272,3 +272,26 @@ def test_inc_follows_aggregators_from_one_iteration_to_the_next() -> None:
     assert headers and any(h is not None and h.phase == "dp" and h.inc for h in headers)
     assert state.fabric is not None
     assert {g.job_id for g in state.fabric.aggregators.grants} == {"j"}
+
+
+def test_a_kept_cross_connect_does_not_strand_a_sharers_circuit() -> None:
+    """Hypothesis found this on NARROW: j2 took turns and kept its pod-0/pod-2 circuit
+    on oxc-1 (pod-0's last port there), so its second pod-0/pod-1 circuit fitted on no
+    OXC once j4 joined the turns. Mapping afresh serves every circuit."""
+    state = new_controller(NARROW, CONFIG)
+    arrivals = {
+        "j0": ["pod-0/tor-0/srv-5", "pod-2/tor-0/srv-5"],
+        "j1": ["pod-0/tor-0/srv-4", "pod-1/tor-0/srv-5"],
+        "j2": ["pod-0/tor-0/srv-3", "pod-1/tor-0/srv-4", "pod-2/tor-0/srv-4"],
+    }
+    t = 0.0
+    for job_id, servers in arrivals.items():
+        t += 0.1
+        state, _ = step(state, JobPlaced(*_job(job_id, servers), t))
+    state, _ = step(state, JobCompleted("j0", 0.4))
+    j4 = _job("j4", ["pod-0/tor-0/srv-5", "pod-1/tor-0/srv-3", "pod-2/tor-0/srv-5"])
+    state, _ = step(state, JobPlaced(*j4, 0.5))
+    assert state.fabric is not None
+    assert state.fabric.unmapped == ()
+    ports = [(cc.oxc_id, p) for cc in state.desired for p in (cc.port_a, cc.port_b)]
+    assert len(ports) == len(set(ports))
