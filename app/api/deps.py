@@ -72,8 +72,8 @@ BEARER = HTTPBearer(
 )
 
 
-def _scope_of(request: Request, tokens: dict[str, str]) -> str | None:
-    header = request.headers.get("authorization", "")
+def scope_of(header: str, tokens: dict[str, str]) -> str | None:
+    """The scope of the bearer token in an Authorization header, or None."""
     scheme, _, presented = header.partition(" ")
     if scheme.lower() != "bearer" or not presented:
         return None
@@ -101,7 +101,7 @@ def require(*scopes: str) -> Any:
             tokens = services.tokens = services.settings.token_scopes()
         if not tokens:
             return None
-        scope = _scope_of(request, tokens)
+        scope = scope_of(request.headers.get("authorization", ""), tokens)
         if scope is None:
             raise Problem(
                 401,

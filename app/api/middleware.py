@@ -1,4 +1,4 @@
-"""ASGI middleware: request body limit and request latency metrics."""
+"""ASGI middleware: request body limit, request latency metrics, cached job views."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from .deps import Services, scope_of
 from .metrics import ApiMetrics
 from .problems import problem_response
 
@@ -98,3 +99,66 @@ class RequestTiming:
             self.metrics.request_seconds.labels(
                 scope.get("method", "?"), template, str(status["code"])
             ).observe(time.perf_counter() - start)
+
+
+class _Route:
+    """What RequestTiming reads of a matched route: its template."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+
+_JOB_ROUTE = _Route("/v1/jobs/{job_id}")
+_JOB_PREFIX = "/v1/jobs/"
+_JSON_HEADERS = [(b"content-type", b"application/json")]
+
+
+class CachedJobViews:
+    """`GET /v1/jobs/{job_id}` (no query) from the read cache, before FastAPI's routing.
+
+    Launchers poll their jobs; on a cache hit the answer is bytes already rendered,
+    and most of a request's cost was routing and dependency solving. Served here
+    only to a caller the route itself admits (no tokens configured, or a launcher or
+    operator token) and only on a hit; anything else goes through the route, which
+    answers it (misses, long polls, 401/403/404/422) exactly as before.
+    """
+
+    def __init__(self, app: ASGIApp, services: Services) -> None:
+        self.app = app
+        self.services = services
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (
+            scope["type"] == "http"
+            and scope["method"] == "GET"
+            and not scope.get("query_string")
+            and scope["path"].startswith(_JOB_PREFIX)
+        ):
+            job_id = scope["path"][len(_JOB_PREFIX) :]
+            view = self.services.read_cache.get(job_id) if "/" not in job_id else None
+            if view is not None and self._admits(scope):
+                scope["route"] = _JOB_ROUTE
+                await send(
+                    {
+                        "type": "http.response.start",
+                        "status": 200,
+                        "headers": [*_JSON_HEADERS, (b"content-length", str(len(view)).encode())],
+                    }
+                )
+                await send({"type": "http.response.body", "body": view})
+                return
+        await self.app(scope, receive, send)
+
+    def _admits(self, scope: Scope) -> bool:
+        services = self.services
+        tokens = services.tokens
+        if tokens is None:
+            tokens = services.tokens = services.settings.token_scopes()
+        if not tokens:
+            return True
+        header = b""
+        for name, value in scope.get("headers") or ():
+            if name == b"authorization":
+                header = value
+                break
+        return scope_of(header.decode("latin-1"), tokens) in ("launcher", "operator")

@@ -110,3 +110,33 @@ def test_openapi_documents_every_contract_path(server: LiveServer) -> None:
         "/metrics",
     ):
         assert path in paths
+
+
+def test_a_cached_job_view_is_served_only_to_callers_the_route_admits(
+    secured: LiveServer,
+) -> None:
+    """A polled job view comes from the read cache ahead of the router: the same bytes as
+    the route's, to the same callers, timed under the route's template; a cached view is
+    still refused without a token (401) or with another scope's (403)."""
+    body = {"job_id": "polled", "parallelism": {"dp": 1, "pp": 1}}
+    with secured.client("launch-secret-1") as launcher:
+        assert launcher.post("/v1/jobs", json=body).status_code == 201
+        assert secured.runtime is not None
+        cache = secured.runtime.services.read_cache
+        for _ in range(50):  # the route renders and caches it (until the fabric settles)
+            first = launcher.get("/v1/jobs/polled")
+            if cache.get("polled") == first.content:
+                break
+            time.sleep(0.1)
+        assert cache.get("polled") == first.content
+        again = launcher.get("/v1/jobs/polled")  # served from the cache
+        assert again.status_code == 200 and again.content == first.content
+        assert again.headers["content-type"] == "application/json"
+        metrics = launcher.get("/metrics").text
+        assert 'route="/v1/jobs/{job_id}"' in metrics and 'route="unmatched"' not in metrics
+    with secured.client() as anon:
+        assert anon.get("/v1/jobs/polled").status_code == 401
+    with secured.client("tele-secret-2") as tele:
+        assert tele.get("/v1/jobs/polled").status_code == 403
+    with secured.client("op-secret-3") as op:
+        assert op.get("/v1/jobs/polled").json()["job_id"] == "polled"
