@@ -137,6 +137,8 @@ class FabricDriver:
         self.committed: tuple[CrossConnect, ...] | None = None
         # told the collectives written by a pass (the scheduler's aggregator totals follow them)
         self.on_views: Callable[[Mapping[str, dict[str, Any]]], None] | None = None
+        # called between the steps of a pass: lets an admission under way finish first
+        self.yield_to: Callable[[], None] = lambda: None
         self.retention: Retention | None = None  # set by the wiring; run from the tick
         self.retention_interval_s = 60.0
         self._retained_at = float("-inf")
@@ -203,6 +205,7 @@ class FabricDriver:
         if fresh:
             self._take_stored_counts(memory, [r.job.job_id for r in fresh])
         events.append(Tick(now))
+        self.yield_to()
         decisions = self._apply(events)
         if loading:
             # every placed job's plan is now in memory for the leader's lifetime: take
@@ -218,6 +221,7 @@ class FabricDriver:
             "time_division": list(state.turn_order),
             "unmapped": [list(u) for u in state.fabric.unmapped] if state.fabric else [],
         }
+        self.yield_to()
         seqs = self.fabric.record_fabric(
             state.desired,
             changed_views,

@@ -11,6 +11,9 @@ cross-connects, traffic reports) runs on its own thread, coalesced over
 whatever arrived meanwhile, so "placed" never waits for another job's circuits.
 Both passes are level-triggered from the database, so an acknowledged message
 whose fabric pass has not run yet is still acted on (the tick, a new leader).
+The two threads share one interpreter: between its steps a fabric pass waits
+for an admission pass under way (at most `ADMISSION_FIRST_S`), so an arrival is
+not admitted on half of it.
 """
 
 from __future__ import annotations
@@ -36,6 +39,8 @@ from .scheduler import schedule
 log = logging.getLogger("lightpath.worker")
 
 FABRIC_SETTLE_S = 0.01
+# the longest a fabric pass step waits for an admission under way (then goes on anyway)
+ADMISSION_FIRST_S = 0.05
 SWITCH_INTERVAL_S = 0.0001
 
 
@@ -76,6 +81,11 @@ class Worker:
         self.replan = threading.Event()
         self.placed = PlacedCache()  # scheduling's memory of placed jobs
         driver.on_views = self._collectives_written
+        # set while no admission pass runs: the fabric pass waits for it between steps,
+        # so an arrival is not admitted on half an interpreter (they share the GIL)
+        self._not_admitting = threading.Event()
+        self._not_admitting.set()
+        driver.yield_to = self._admission_first
         self._fabric_due = threading.Event()
         self._fabric_lock = threading.Lock()
         self._fabric_reason: str | None = None
@@ -197,6 +207,9 @@ class Worker:
         self.passes += 1
         self.request_fabric(reason)
 
+    def _admission_first(self) -> None:
+        self._not_admitting.wait(ADMISSION_FIRST_S)
+
     def request_fabric(self, reason: str) -> None:
         """Ask the fabric thread for a pass; reasons coalesce to the strongest."""
         rank = {"reconcile": 0, "arrival": 1, "completion": 2}
@@ -227,6 +240,7 @@ class Worker:
             # let the answer to the arrival that asked for this pass go out first (it
             # shares the interpreter), and coalesce what arrives meanwhile
             stop.wait(FABRIC_SETTLE_S)
+            self._admission_first()
             self._fabric_due.clear()
             try:
                 self.fabric_pass()
@@ -259,7 +273,11 @@ class Worker:
                 continue
             deliveries = self.bus.consume(self.settings.worker_tick_s)
             try:
-                self.admit_pass([d.message for d in deliveries])
+                self._not_admitting.clear()
+                try:
+                    self.admit_pass([d.message for d in deliveries])
+                finally:
+                    self._not_admitting.set()
                 self.bus.ack(deliveries)
                 backoff_s = 0.1
             except Fenced as exc:

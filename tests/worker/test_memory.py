@@ -266,3 +266,51 @@ def test_a_kicked_switch_pass_reads_only_the_switches_whose_desired_state_change
     assert set(result.confirmed) == changed and result.converged
     assert controller.run_once(full=False).confirmed == {}
     assert set(controller.run_once().confirmed) == {o.id for o in SMALL.oxcs}  # the resync
+
+
+def test_a_fabric_pass_steps_aside_while_an_admission_runs_but_not_for_long(
+    store: Store,
+) -> None:
+    """Admission and the fabric pass share the worker's interpreter: between its steps a
+    fabric pass waits for an admission under way (an arrival is not admitted on half the
+    interpreter), but never longer than ADMISSION_FIRST_S, so a stream of arrivals
+    cannot starve the fabric."""
+    from app.worker.loop import ADMISSION_FIRST_S
+
+    bus = InProcessBus()
+    fabric = BlockedFabric()
+    fabric.release.set()
+    fabric.backlog = False  # type: ignore[attr-defined]
+    settings = Settings(database_url="sqlite://", cluster="small", worker_tick_s=0.05)
+    worker = Worker(store, bus, SMALL, settings, driver=fabric, metrics=WorkerMetrics())  # type: ignore[arg-type]
+    admitting, admitted = threading.Event(), threading.Event()
+    real_admit = worker.admit
+
+    def slow_admit(*args: Any, **kwargs: Any) -> None:
+        if not admitting.is_set():  # the first admission is slow, the ticks' are not
+            admitting.set()
+            time.sleep(0.5)
+        real_admit(*args, **kwargs)
+        admitted.set()
+
+    worker.admit = slow_admit  # type: ignore[method-assign]
+    step = fabric.yield_to  # type: ignore[attr-defined]
+    stop = threading.Event()
+    thread = threading.Thread(target=worker.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        _submit(store, "j", 2)
+        bus.publish(AdmitJob("j"))
+        assert admitting.wait(10)
+        start = time.monotonic()
+        step()  # a fabric step while the admission runs: waits, but only so long
+        waited = time.monotonic() - start
+        assert ADMISSION_FIRST_S * 0.8 <= waited < 0.4, waited
+        assert admitted.wait(10)
+        time.sleep(0.05)
+        start = time.monotonic()
+        step()  # no admission under way: no wait
+        assert time.monotonic() - start < ADMISSION_FIRST_S / 2
+    finally:
+        stop.set()
+        thread.join(10)
