@@ -48,6 +48,12 @@ class Services:
     )
     tokens: dict[str, str] | None = None  # bearer token -> scope, parsed on first use
 
+    def token_scopes(self) -> dict[str, str]:
+        """Bearer token -> scope, parsed once; empty when auth is off."""
+        if self.tokens is None:
+            self.tokens = self.settings.token_scopes()
+        return self.tokens
+
     @cached_property
     def server_ids(self) -> frozenset[str]:
         """Every server id of the cluster (traffic ingest checks a batch's names against it)."""
@@ -84,6 +90,11 @@ def scope_of(header: str, tokens: dict[str, str]) -> str | None:
     return None
 
 
+def admits(scope: str, scopes: tuple[str, ...]) -> bool:
+    """Does a token of `scope` pass a route admitting `scopes` (operator passes all)?"""
+    return scope == "operator" or not scopes or scope in scopes
+
+
 def require(*scopes: str) -> Any:
     """A dependency admitting a bearer token of one of `scopes` (operator admits all).
 
@@ -96,9 +107,7 @@ def require(*scopes: str) -> Any:
         services: ServicesDep,
         _bearer: Any = Security(BEARER, scopes=list(scopes)),  # noqa: B008 (FastAPI's idiom)
     ) -> str | None:
-        tokens = services.tokens
-        if tokens is None:
-            tokens = services.tokens = services.settings.token_scopes()
+        tokens = services.token_scopes()
         if not tokens:
             return None
         scope = scope_of(request.headers.get("authorization", ""), tokens)
@@ -109,7 +118,7 @@ def require(*scopes: str) -> Any:
                 "a valid bearer token is required",
                 headers={"WWW-Authenticate": "Bearer"},
             )
-        if scope != "operator" and scopes and scope not in scopes:
+        if not admits(scope, scopes):
             raise Problem(
                 403,
                 "Forbidden",

@@ -7,7 +7,7 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from .deps import Services, scope_of
+from .deps import Services, admits, scope_of
 from .metrics import ApiMetrics
 from .problems import problem_response
 
@@ -150,10 +150,7 @@ class CachedJobViews:
         await self.app(scope, receive, send)
 
     def _admits(self, scope: Scope) -> bool:
-        services = self.services
-        tokens = services.tokens
-        if tokens is None:
-            tokens = services.tokens = services.settings.token_scopes()
+        tokens = self.services.token_scopes()
         if not tokens:
             return True
         header = b""
@@ -161,4 +158,5 @@ class CachedJobViews:
             if name == b"authorization":
                 header = value
                 break
-        return scope_of(header.decode("latin-1"), tokens) in ("launcher", "operator")
+        caller = scope_of(header.decode("latin-1"), tokens)
+        return caller is not None and admits(caller, ("launcher",))  # as get_job's route

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 
 import psycopg
@@ -125,15 +125,24 @@ def test_one_group_is_one_transaction_and_writes_no_outbox_event(
     repo.close()
 
 
-def test_group_commit_takes_everything_queued_and_kicks_once() -> None:
-    release = threading.Event()
-    groups: list[int] = []
+def _first_group_waits(
+    release: threading.Event, groups: list[int]
+) -> Callable[[list[_Pending]], list[tuple[int, int]]]:
+    """A group writer whose first group blocks until `release`; records group sizes."""
 
     def write(group: list[_Pending]) -> list[tuple[int, int]]:
         if not groups:
             release.wait(5)
         groups.append(len(group))
         return [(len(p.reports), i) for i, p in enumerate(group)]
+
+    return write
+
+
+def test_group_commit_takes_everything_queued_and_kicks_once() -> None:
+    release = threading.Event()
+    groups: list[int] = []
+    write = _first_group_waits(release, groups)
 
     kicks: list[int] = []
 
@@ -158,12 +167,7 @@ def test_group_commit_takes_everything_queued_and_kicks_once() -> None:
 def test_after_a_shared_commit_the_writer_lingers_for_batches_in_flight() -> None:
     release = threading.Event()
     groups: list[int] = []
-
-    def write(group: list[_Pending]) -> list[tuple[int, int]]:
-        if not groups:
-            release.wait(5)
-        groups.append(len(group))
-        return [(len(p.reports), i) for i, p in enumerate(group)]
+    write = _first_group_waits(release, groups)
 
     committer = GroupCommit(write, linger_s=0.5)
     start = time.monotonic()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -225,30 +226,40 @@ class BlockedFabric:
         pass
 
 
+@contextmanager
+def running(worker: Worker) -> Iterator[None]:
+    """`worker.run` on a thread of its own for the block."""
+    stop = threading.Event()
+    thread = threading.Thread(target=worker.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(10)
+
+
 def test_admission_does_not_wait_for_a_fabric_pass_under_way(store: Store) -> None:
     bus = InProcessBus()
     fabric = BlockedFabric()
     settings = Settings(database_url="sqlite://", cluster="small", worker_tick_s=0.05)
     worker = Worker(store, bus, SMALL, settings, driver=fabric, metrics=WorkerMetrics())  # type: ignore[arg-type]
-    stop = threading.Event()
-    thread = threading.Thread(target=worker.run, args=(stop,), daemon=True)
-    thread.start()
     try:
-        _submit(store, "first", 2)
-        bus.publish(AdmitJob("first"))
-        assert fabric.entered.wait(10)  # the first arrival's fabric pass is now stuck
-        _submit(store, "second", 2)
-        bus.publish(AdmitJob("second"))
-        deadline = time.monotonic() + 10
-        while store.get_job("second").state != "placed":  # type: ignore[union-attr]
-            assert time.monotonic() < deadline, "the arrival waited for the fabric pass"
-            time.sleep(0.02)
-        assert not fabric.release.is_set()
-        assert store.get_job("first").state == "placed"  # type: ignore[union-attr]
+        with running(worker):
+            _submit(store, "first", 2)
+            bus.publish(AdmitJob("first"))
+            assert fabric.entered.wait(10)  # the first arrival's fabric pass is now stuck
+            _submit(store, "second", 2)
+            bus.publish(AdmitJob("second"))
+            deadline = time.monotonic() + 10
+            while store.get_job("second").state != "placed":  # type: ignore[union-attr]
+                assert time.monotonic() < deadline, "the arrival waited for the fabric pass"
+                time.sleep(0.02)
+            assert not fabric.release.is_set()
+            assert store.get_job("first").state == "placed"  # type: ignore[union-attr]
+            fabric.release.set()  # before the worker stops: its fabric thread is blocked
     finally:
         fabric.release.set()
-        stop.set()
-        thread.join(10)
 
 
 def test_a_kicked_switch_pass_reads_only_the_switches_whose_desired_state_changed(
@@ -295,10 +306,7 @@ def test_a_fabric_pass_steps_aside_while_an_admission_runs_but_not_for_long(
 
     worker.admit = slow_admit  # type: ignore[method-assign]
     step = fabric.yield_to  # type: ignore[attr-defined]
-    stop = threading.Event()
-    thread = threading.Thread(target=worker.run, args=(stop,), daemon=True)
-    thread.start()
-    try:
+    with running(worker):
         _submit(store, "j", 2)
         bus.publish(AdmitJob("j"))
         assert admitting.wait(10)
@@ -311,6 +319,3 @@ def test_a_fabric_pass_steps_aside_while_an_admission_runs_but_not_for_long(
         start = time.monotonic()
         step()  # no admission under way: no wait
         assert time.monotonic() - start < ADMISSION_FIRST_S / 2
-    finally:
-        stop.set()
-        thread.join(10)
