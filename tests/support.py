@@ -10,8 +10,24 @@ import httpx
 import uvicorn
 
 from app.api import create_app
+from app.engine.cluster import Cluster, build_cluster
 from app.settings import Settings
 from app.wiring import Runtime, build_api_runtime, build_runtime, load_cluster
+
+
+def narrow_cluster(electrical_gbps: float = 0.0) -> Cluster:
+    """4 pods x 2 ToRs x 4 servers with two uplinks per pod on one OXC: jobs spanning
+    pods outnumber the ports (and may have an electrical core beside them)."""
+    return build_cluster(
+        "narrow",
+        pods=4,
+        tors_per_pod=2,
+        servers_per_tor=4,
+        uplink_ports_per_pod=2,
+        oxcs=1,
+        oxc_ports=8,
+        pod_electrical_gbps=electrical_gbps,
+    )
 
 
 def free_port() -> int:

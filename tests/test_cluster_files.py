@@ -26,6 +26,12 @@ def test_a_cluster_file_round_trips_through_the_api_shape(tmp_path: Path) -> Non
             (o.id, o.ports, dict(o.pod_ports)) for o in small.oxcs
         ]
         assert [p.uplink_ports for p in loaded.pods] == [p.uplink_ports for p in small.pods]
+        assert [p.aggregator_gbps for p in loaded.pods] == [p.aggregator_gbps for p in small.pods]
+    data = cluster_to_dict(small)
+    data["pods"][1]["electrical_gbps"] = 1600
+    path = tmp_path / "hybrid.json"
+    path.write_text(json.dumps(data))
+    assert [p.electrical_gbps for p in load_cluster(str(path)).pods] == [0.0, 1600.0, 0.0, 0.0]
 
 
 @pytest.mark.parametrize(
@@ -36,6 +42,7 @@ def test_a_cluster_file_round_trips_through_the_api_shape(tmp_path: Path) -> Non
         (lambda d: d["oxcs"][0]["pod_ports"]["pod-1"].append(999), "out of range"),
         (lambda d: d["pods"][0].update({"uplink_ports": 3}), "uplinks"),
         (lambda d: d.pop("pods"), "missing"),
+        (lambda d: d["pods"][0].update({"electrical_gbps": -1}), "must not be negative"),
     ],
 )
 def test_inconsistent_cluster_files_are_refused(tmp_path: Path, mutate, message: str) -> None:

@@ -231,7 +231,12 @@ class DecisionOut(BaseModel):
     reason: Literal["arrival", "completion", "phase", "prediction", "reconcile"]
     placement: dict[str, Any] | None = None
     oxc: dict[str, Any] | None = None
-    routing: dict[str, Any] | None = None
+    routing: dict[str, Any] | None = Field(
+        None,
+        description="one job's header for one phase: phase, algorithm, inc, aggregators, "
+        "routes (src, dst, path of pod ids) and layer (`optical`: circuits; `electrical`: "
+        "the cluster's electrical core)",
+    )
 
 
 class DecisionPage(BaseModel):
@@ -400,6 +405,14 @@ class TorOut(BaseModel):
 class PodOut(BaseModel):
     id: str
     uplink_ports: int = Field(description="uplinks into the optical layer")
+    aggregator_gbps: float = Field(
+        0.0, description="the pod spine's in-network aggregation (second INC level)"
+    )
+    electrical_gbps: float = Field(
+        0.0,
+        description="capacity into an electrical packet-switched core beside the optical "
+        "layer, each way (0: none); jobs without circuits may send there",
+    )
     tors: list[TorOut]
 
 

@@ -65,6 +65,8 @@ _NO_TRAFFIC = "no inter-pod traffic"
 STEP = 0.95
 # the share of spare ports handed out in proportion before water-filling
 START = 0.8
+# a job moves to the electrical core only if that saves at least this share of time
+CORE_GAIN = 0.95
 # a turn on shared ports lasts this many reconfigurations (the controller's default)
 TURN_RECONFIGS = 40.0
 
@@ -77,6 +79,9 @@ class JobDemand:
     pair_bytes: tuple[tuple[str, str, float], ...]  # (pod_a < pod_b, bytes over busier way)
     want: tuple[tuple[str, int], ...]  # ports per pod that make it non-blocking
     compute_s: float = 0.0  # compute per iteration (0 when unknown)
+    # NICs per pod (servers x NICs, not capped by the uplinks): what bounds the job on
+    # the electrical core (empty: `want` does)
+    nics: tuple[tuple[str, int], ...] = ()
 
     @property
     def pods(self) -> tuple[str, ...]:
@@ -195,14 +200,14 @@ def job_demand(
         servers[cluster.server(s).pod_id] += 1
     per_server = max(1, round(cluster.server_gbps / cluster.nic_gbps))
     pods = {p for k in pair for p in k}
-    want = tuple(
-        (p, min(cluster.pods_by_id[p].uplink_ports, servers[p] * per_server)) for p in sorted(pods)
-    )
+    nics = tuple((p, servers[p] * per_server) for p in sorted(pods))
+    want = tuple((p, min(cluster.pods_by_id[p].uplink_ports, n)) for p, n in nics)
     return JobDemand(
         job.job_id,
         tuple((a, b, max(v)) for (a, b), v in sorted(pair.items())),
         want,
         compute_estimate_s(job) if compute_s is None else compute_s,
+        nics,
     )
 
 
@@ -436,9 +441,9 @@ def allocate_ports(
     cluster: Cluster,
     demands: Sequence[JobDemand],
     previous: PortAllocation | None = None,
-    electrical_gbps: float = 0.0,
 ) -> PortAllocation:
     """Every job's circuits, mode and expected slowdown (see module doc)."""
+    electrical_gbps = {p.id: p.electrical_gbps for p in cluster.pods}
     port_bps = cluster.nic_gbps * 1e9 / 8
     reconfig_s = cluster.reconfig_ms / 1000.0
     turn_overhead = 1.0 / (1.0 - 1.0 / TURN_RECONFIGS) if reconfig_s > 0 else 1.0
@@ -514,12 +519,18 @@ def allocate_ports(
     was = {d.job_id: prev_jobs[d.job_id].mode for d in order if d.job_id in prev_jobs}
     prev_shared = {j for j, m in was.items() if m == MODE_SHARED}
     prev_elec = {j for j, m in was.items() if m == MODE_ELECTRICAL}
+    # jobs that chose the electrical core over circuits stay there (see step 4)
+    elected = [
+        d.job_id for d in order if d.job_id in prev_elec and _chose_core(prev_jobs[d.job_id])
+    ]
     sharers_before = max(1, len(previous.turn_order)) if previous is not None else 1
     pool_before: dict[tuple[str, str], int] = defaultdict(int)
     for (_, a, b), n in pool.items():
         pool_before[(a, b)] += n
     for d in order:
         w = work[d.job_id]
+        if d.job_id in elected:
+            continue
         if d.job_id in prev_shared:
             # it leaves the turns only for circuits of its own at least its share
             claim = [
@@ -577,7 +588,7 @@ def allocate_ports(
 
     # 2. the rest: shared pool (reclaiming minimal slices if needed) or electrical
     shared: list[str] = [d.job_id for d in order if d.job_id in prev_shared]
-    electrical: list[str] = []
+    electrical: list[str] = list(elected)
     if unserved:
         elec_jobs_on: dict[str, int] = defaultdict(int)
         for j in unserved:
@@ -585,7 +596,7 @@ def allocate_ports(
                 elec_jobs_on[p] += 1
         for j in unserved:
             w = work[j]
-            e_s = _electrical_s(w, electrical_gbps, elec_jobs_on)
+            e_s = _electrical_s(w, electrical_gbps, elec_jobs_on, port_bps)
             # sharing estimate: one circuit per pair, turns with every other sharer
             one = {k: 1 for k in w.bytes}
             net = w.net_s(one, port_bps)
@@ -779,6 +790,18 @@ def allocate_ports(
                 if room > moved:
                     chunks.append((oxc, room - moved))
 
+    # 4. the electrical core: an isolated job whose circuits are slower than its share
+    # of the core sends there instead, when that lowers the summed iteration time of
+    # the jobs on the core's pods; its circuits become spare ports below. Not on a
+    # completion (it never lowers anyone's share); it stays there for its life.
+    work_elected: list[str] = []
+    if not keep_floor and any(electrical_gbps.values()):
+        work_elected = _elect_core(
+            work, isolated, electrical, circuits, ports, electrical_gbps, port_bps
+        )
+        for j in work_elected:
+            _release_spare(ports, {j: spare[j]}, set(ports.free))
+
     # spare ports for per-phase topologies: what nobody's circuits took, up to each
     # job's want on its pods (most slowed first)
     exhausted: set[str] = set()  # pods with no free port left (this step only takes)
@@ -896,17 +919,16 @@ def allocate_ports(
             for x in electrical:
                 for p in work[x].pods:
                     elec_on[p] += 1
-            e_s = _electrical_s(w, electrical_gbps, elec_on)
-            s = round(e_s / w.ideal_s, 4) if w.ideal_s > 0 else 1.0
+            e_s = _electrical_s(w, electrical_gbps, elec_on, port_bps)
+            s = round(max(1.0, e_s / w.ideal_s), 4) if w.ideal_s > 0 else 1.0
+            chose = j in elected or j in work_elected
+            why = (
+                CORE_FASTER
+                if chose
+                else "too few free ports; the electrical layer is estimated faster than turns"
+            )
             out.append(
-                JobAllocation(
-                    j,
-                    MODE_ELECTRICAL,
-                    (),
-                    (),
-                    s,
-                    "too few free ports; the electrical layer is estimated faster than turns",
-                )
+                JobAllocation(j, MODE_ELECTRICAL, (), (), s, f"{why} (est. slowdown {s:.2f}x)")
             )
     turn = tuple(j for j in (previous.turn_order if previous else ()) if j in shared)
     turn += tuple(j for j in shared if j not in turn)
@@ -1150,16 +1172,78 @@ def _latest_holding(
     return None
 
 
-def _electrical_s(w: _Job, electrical_gbps: float, jobs_on: Mapping[str, int]) -> float:
-    """Iteration time over the pods' electrical uplinks, split among the jobs there."""
-    if electrical_gbps <= 0:
+CORE_FASTER = "its circuits are slower than its share of the electrical core"
+
+
+def _chose_core(ja: JobAllocation) -> bool:
+    return ja.mode == MODE_ELECTRICAL and ja.reason.startswith(CORE_FASTER)
+
+
+def _elect_core(
+    work: Mapping[str, _Job],
+    isolated: list[str],
+    electrical: list[str],
+    circuits: dict[str, dict[tuple[str, str, str], int]],
+    ports: _Ports,
+    electrical_gbps: Mapping[str, float],
+    port_bps: float,
+) -> list[str]:
+    """Step 4: move isolated jobs to the electrical core where that pays (most slowed
+    first); returns the jobs moved."""
+    on: dict[str, int] = defaultdict(int)
+    for x in electrical:
+        for p in work[x].pods:
+            on[p] += 1
+    moved = []
+    for j in sorted(isolated, key=lambda x: (-work[x].slowdown(port_bps), work[x].rank)):
+        w = work[j]
+        if any(electrical_gbps.get(p, 0.0) <= 0 for p in w.pods):
+            continue
+        near = [x for x in electrical if work[x].pod_set & w.pod_set]
+        with_j = defaultdict(int, on)
+        for p in w.pods:
+            with_j[p] += 1
+        before = w.d.compute_s + w.net_s(w.have, port_bps)
+        before += sum(_electrical_s(work[x], electrical_gbps, on, port_bps) for x in near)
+        after = sum(_electrical_s(work[x], electrical_gbps, with_j, port_bps) for x in [j, *near])
+        if after >= before * CORE_GAIN:
+            continue
+        isolated.remove(j)
+        electrical.append(j)
+        moved.append(j)
+        on = defaultdict(int, with_j)
+        for (o, a, b), n in circuits.pop(j, {}).items():
+            ports.give(o, a, b, n)
+        w.have = {k: 0 for k in w.bytes}
+    return moved
+
+
+def _electrical_s(
+    w: _Job, electrical_gbps: Mapping[str, float], jobs_on: Mapping[str, int], port_bps: float
+) -> float:
+    """Iteration time over the pods' electrical uplinks, split among the jobs there (no
+    faster than on the circuits that make the job non-blocking: its NICs bound it)."""
+    out = electrical_bytes(w.bytes)
+    if any(electrical_gbps.get(p, 0.0) <= 0 for p in out):
         return math.inf
+    nics = dict(w.d.nics or w.d.want)
+    net = max(
+        max(
+            x / (electrical_gbps[p] * 1e9 / 8 / max(1, jobs_on.get(p, 1))),
+            x / (max(1, nics.get(p, 0)) * port_bps),
+        )
+        for p, x in out.items()
+    )
+    return w.d.compute_s + net
+
+
+def electrical_bytes(pair_bytes: Mapping[tuple[str, str], float]) -> dict[str, float]:
+    """Bytes each pod's electrical uplink carries per iteration (each way) for these pairs."""
     out: dict[str, float] = defaultdict(float)
-    for (a, b), x in w.bytes.items():
+    for (a, b), x in pair_bytes.items():
         out[a] += x
         out[b] += x
-    net = max(x / (electrical_gbps * 1e9 / 8 / max(1, jobs_on.get(p, 1))) for p, x in out.items())
-    return w.d.compute_s + net
+    return dict(out)
 
 
 # ------------------------------------------------------------------ cross-connects

@@ -8,7 +8,7 @@ files and turn them into these values with `cluster_from_dict`.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
@@ -42,12 +42,17 @@ class Pod:
     `aggregator_gbps` is the in-network aggregation of the pod's spine: the second
     INC level, which combines ToR partials (and, for groups spanning pods, other
     pods' partials arriving over circuits).
+
+    `electrical_gbps` is the pod's capacity into an electrical packet-switched
+    core beside the OXC layer (each way; 0: none). Jobs that get no circuits may
+    send their cross-pod traffic there (`network.mode` "electrical").
     """
 
     id: str
     tors: tuple[Tor, ...]
     uplink_ports: int
     aggregator_gbps: float = 0.0
+    electrical_gbps: float = 0.0
     # the pod's servers, gathered once (asked per pod by every admission and arrival)
     _servers: tuple[Server, ...] = field(init=False, repr=False, compare=False)
 
@@ -148,6 +153,7 @@ def build_cluster(
     reconfig_ms: float = 25.0,
     aggregator_gbps: float = 800.0,
     pod_aggregator_gbps: float = 0.0,
+    pod_electrical_gbps: float = 0.0,
     gpus_per_server: int = GPUS_PER_SERVER,
     nic_gbps: float = NIC_GBPS,
 ) -> Cluster:
@@ -171,7 +177,9 @@ def build_cluster(
                 Server(f"{tor_id}/srv-{s}", tor_id, pod_id) for s in range(servers_per_tor)
             )
             tors.append(Tor(tor_id, pod_id, servers, aggregator_gbps))
-        pod_values.append(Pod(pod_id, tuple(tors), uplink_ports_per_pod, pod_aggregator_gbps))
+        pod_values.append(
+            Pod(pod_id, tuple(tors), uplink_ports_per_pod, pod_aggregator_gbps, pod_electrical_gbps)
+        )
     oxc_values = tuple(
         Oxc(
             f"oxc-{o}",
@@ -257,6 +265,7 @@ def cluster_from_dict(data: Mapping[str, Any], name: str = "custom") -> Cluster:
                     tuple(tors),
                     int(p.get("uplink_ports", 0)),
                     float(p.get("aggregator_gbps", 0.0)),
+                    float(p.get("electrical_gbps", 0.0)),
                 )
             )
         oxcs = tuple(
@@ -272,6 +281,8 @@ def cluster_from_dict(data: Mapping[str, Any], name: str = "custom") -> Cluster:
         raise ValueError(f"cluster description is missing or mistypes a field: {exc}") from exc
     if gpus <= 0 or nic <= 0:
         raise ValueError("gpus_per_server and nic_gbps must be positive")
+    if any(p.electrical_gbps < 0 or p.aggregator_gbps < 0 for p in pods):
+        raise ValueError("a pod's aggregator_gbps and electrical_gbps must not be negative")
     gpu_model = str(data.get("gpu_model", "a100")).lower()
     if gpu_model not in ("a100", "h100", "b200"):
         raise ValueError(f"gpu_model must be a100, h100 or b200, got {gpu_model!r}")
@@ -314,8 +325,7 @@ def without_failed_ports(cluster: Cluster, failed: Mapping[str, frozenset[int]])
             pod_ports[pod_id] = healthy
         oxcs.append(Oxc(oxc.id, oxc.ports, oxc.reconfig_ms, pod_ports))
     pods = tuple(
-        Pod(p.id, p.tors, max(0, p.uplink_ports - lost.get(p.id, 0)), p.aggregator_gbps)
-        for p in cluster.pods
+        replace(p, uplink_ports=max(0, p.uplink_ports - lost.get(p.id, 0))) for p in cluster.pods
     )
     return Cluster(
         cluster.name,
@@ -339,6 +349,7 @@ def cluster_to_dict(cluster: Cluster, used: Mapping[str, str] | None = None) -> 
                 "id": p.id,
                 "uplink_ports": p.uplink_ports,
                 "aggregator_gbps": p.aggregator_gbps,
+                "electrical_gbps": p.electrical_gbps,
                 "tors": [
                     {
                         "id": t.id,

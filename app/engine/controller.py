@@ -53,6 +53,7 @@ from .cross_connects import (
     realised_circuits,
 )
 from .fabric import (
+    MODE_ELECTRICAL,
     MODE_ISOLATED,
     MODE_NONE,
     MODE_TIME_DIVISION,
@@ -652,7 +653,8 @@ def _record_installs(
         if target is None:
             jf = state.job_fabric(job_id)
             on_turn = jf is not None and (
-                jf.slice.mode != MODE_TIME_DIVISION or state.turn_order[:1] == (job_id,)
+                jf.slice.mode not in (MODE_TIME_DIVISION, MODE_ELECTRICAL)
+                or state.turn_order[:1] == (job_id,)
             )
             target = HELD_PLAN if on_turn else OFF_TURN
         installs = (cycle.installs + (Install(target, at_s),))[-INSTALLS_KEPT:]
@@ -1082,6 +1084,11 @@ def network_view(state: ControllerState, job_id: str) -> NetworkView | None:
     cluster = state.cluster
     if jf.slice.mode == MODE_NONE:
         return NetworkView(NETWORK_NONE, (), 1.0, "no inter-pod traffic")
+    if jf.slice.mode == MODE_ELECTRICAL:
+        ja = state.allocation.job(job_id)
+        s = ja.estimated_slowdown if ja is not None else math.inf
+        slowdown = s if math.isfinite(s) else None
+        return NetworkView(NETWORK_ELECTRICAL, (), slowdown, jf.slice.reason)
     shared = jf.slice.mode == MODE_TIME_DIVISION
     if shared:
         pods = sorted(

@@ -27,6 +27,9 @@ from dataclasses import dataclass, field, replace
 from operator import attrgetter
 
 from .allocation import (
+    MODE_ELECTRICAL as ALLOC_ELECTRICAL,
+)
+from .allocation import (
     MODE_ISOLATED as ALLOC_ISOLATED,
 )
 from .allocation import (
@@ -56,6 +59,9 @@ from .traffic import PHASE_DP, PHASE_PP, DemandMatrix, Flow, PhaseTraffic, job_t
 MODE_ISOLATED = "isolated"
 MODE_TIME_DIVISION = "time_division"
 MODE_NONE = "none"  # no inter-pod traffic: no ports needed
+MODE_ELECTRICAL = "electrical"  # no circuits: cross-pod traffic over the electrical core
+LAYER_OPTICAL = "optical"
+LAYER_ELECTRICAL = "electrical"
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +86,8 @@ class Route:
 
 @dataclass(frozen=True, slots=True)
 class RoutingDecision:
-    """The routing header of one job and phase: algorithm, INC, aggregators, routes."""
+    """The routing header of one job and phase: algorithm, INC, aggregators, routes, and
+    the layer its cross-pod flows take (circuits, or the electrical core)."""
 
     job_id: str
     phase: str
@@ -88,6 +95,7 @@ class RoutingDecision:
     inc: bool
     aggregators: tuple[str, ...]
     routes: tuple[Route, ...]
+    layer: str = LAYER_OPTICAL
 
     def to_dict(self) -> dict[str, object]:
         """The `routing` object of a GET /v1/decisions entry."""
@@ -97,12 +105,14 @@ class RoutingDecision:
             "inc": self.inc,
             "aggregators": list(self.aggregators),
             "routes": [r.to_dict() for r in self.routes],
+            "layer": self.layer,
         }
 
 
 @dataclass(frozen=True, slots=True)
 class JobSlice:
-    """The OXC ports a job may use: isolated quota per pod, time division, or none."""
+    """The OXC ports a job may use: isolated quota per pod, time division, none, or
+    none because its cross-pod traffic goes over the electrical core."""
 
     job_id: str
     mode: str
@@ -375,7 +385,7 @@ def plan_fabric(
     where = port_pods(cluster)
     planned: list[_Draft] = []
     for d in drafts:
-        if d.reused is None and d.slice.mode != MODE_NONE:
+        if d.reused is None and d.slice.mode not in (MODE_NONE, MODE_ELECTRICAL):
             budget = dict(d.slice.pod_ports) if d.slice.mode == MODE_ISOLATED else pool
             ja = allocation.job(d.job.job_id) if allocation is not None else None
             if ja is not None and d.slice.mode == MODE_ISOLATED and ja.circuits:
@@ -469,11 +479,14 @@ _physical_order = attrgetter("oxc_id", "port_a", "port_b")  # as CrossConnect.ke
 
 
 def _allocated_slice(job_id: str, ja: JobAllocation | None, demand: DemandMatrix) -> JobSlice:
-    """The slice an allocation gives: isolated ports, turns on the pool, or none."""
+    """The slice an allocation gives: isolated ports, turns on the pool, the electrical
+    core, or none."""
     if ja is None or ja.mode == ALLOC_NONE or not demand.total_bytes:
         return JobSlice(job_id, MODE_NONE, (), "no inter-pod traffic")
     if ja.mode == ALLOC_ISOLATED:
         return JobSlice(job_id, MODE_ISOLATED, ja.pod_ports, ja.reason)
+    if ja.mode == ALLOC_ELECTRICAL:
+        return JobSlice(job_id, MODE_ELECTRICAL, (), ja.reason)
     return JobSlice(job_id, MODE_TIME_DIVISION, (), ja.reason)
 
 
@@ -605,6 +618,11 @@ def _finish(cluster: Cluster, d: _Draft, real: PodCircuits) -> JobFabric:
     traffic = _draft_traffic(cluster, d)
     budget = dict(d.slice.pod_ports) or {p: real.row_sum(p) for p in real.pod_ids}
     plan = d.plan
+    if d.slice.mode == MODE_ELECTRICAL:
+        routing = route_phases(
+            cluster, job_id, traffic, d.collective, real, budget, electrical=True
+        )
+        return JobFabric(job_id, d.placement, d.collective, d.slice, plan, (), real, routing)
     if d.slice.mode == MODE_ISOLATED:
         combined = d.combined if d.combined.pod_ids else combined_demand(traffic)
         plan = evaluate_circuits(_restrict(combined), real, budget, cluster.nic_gbps)
@@ -624,21 +642,29 @@ def route_phases(
     choice: CollectiveChoice,
     circuits: PodCircuits,
     budget: Mapping[str, int],
+    *,
+    electrical: bool = False,
 ) -> tuple[RoutingDecision, ...]:
     """The routing headers of a job's pp and dp phases over the circuits it holds now.
 
     Only circuits that exist carry a route: a cross-pod flow with no circuit path
     (a job waiting for its turn on shared ports) gets no source route until one does.
+    `electrical`: every cross-pod flow goes from its pod straight to the other over
+    the electrical core.
     """
     routing = []
     for t in traffic:
         if t.phase not in (PHASE_PP, PHASE_DP):
             continue
-        phase_eval = (
-            evaluate_circuits(_restrict(t.pod_demand), circuits, budget, cluster.nic_gbps)
-            if t.pod_demand.total_bytes and circuits.total
-            else _EMPTY_PLAN
-        )
+        if electrical:
+            routes = _electrical_routes(cluster, t.flows)
+        else:
+            phase_eval = (
+                evaluate_circuits(_restrict(t.pod_demand), circuits, budget, cluster.nic_gbps)
+                if t.pod_demand.total_bytes and circuits.total
+                else _EMPTY_PLAN
+            )
+            routes = _routes(cluster, t.flows, phase_eval)
         dp = t.phase == PHASE_DP
         routing.append(
             RoutingDecision(
@@ -647,10 +673,21 @@ def route_phases(
                 choice.algorithm if dp else "send_recv",
                 choice.inc and dp,
                 choice.aggregators if dp else (),
-                _routes(cluster, t.flows, phase_eval),
+                routes,
+                LAYER_ELECTRICAL if electrical else LAYER_OPTICAL,
             )
         )
     return tuple(routing)
+
+
+def _electrical_routes(cluster: Cluster, flows: Sequence[Flow]) -> tuple[Route, ...]:
+    out = []
+    for f in flows:
+        src, dst = _pod(cluster, f.src), _pod(cluster, f.dst)
+        if src is None or dst is None:
+            continue
+        out.append(Route(f.src, f.dst, (src,) if src == dst else (src, dst)))
+    return tuple(out)
 
 
 def combined_demand(traffic: Sequence[PhaseTraffic]) -> DemandMatrix:

@@ -42,7 +42,7 @@ from app.engine.circuits import PodCircuits, evaluate_circuits
 from app.engine.cluster import Cluster
 from app.engine.collective import ALPHA_RING_S, AggregatorLedger, estimate_costs
 from app.engine.controller import ControllerState
-from app.engine.fabric import MODE_ISOLATED, MODE_NONE, MODE_TIME_DIVISION
+from app.engine.fabric import MODE_ELECTRICAL, MODE_ISOLATED, MODE_NONE, MODE_TIME_DIVISION
 from app.engine.job import Collective, Job, Placement
 from app.engine.plan_signature import (
     PlanCatalog,
@@ -422,6 +422,23 @@ def profile_optical(
         return JobProfile(
             timing, ideal, dp_base, 0.0, 0.0, NO_REWIRING, algorithm, MODE_NONE, 0.0, True
         )
+    if jf.slice.mode == MODE_ELECTRICAL:
+        shares = electrical_shares(cluster, pp_d, dp_d)
+        pp_net = max((_time_s(x.pp_amount, x.capacity) for x in shares.values()), default=0.0)
+        dp_net = max((_time_s(x.dp_amount, x.capacity) for x in shares.values()), default=0.0)
+        return JobProfile(
+            timing,
+            ideal,
+            dp_base,
+            pp_net,
+            dp_net,
+            NO_REWIRING,
+            algorithm,
+            MODE_ELECTRICAL,
+            0.0,
+            True,
+            shares,
+        )
     gbps = cluster.nic_gbps
     reconfig_s = ctx.reconfig_ms / 1000.0
     if jf.slice.mode != MODE_ISOLATED:
@@ -504,6 +521,36 @@ def profile_optical(
         max(mlu_pp, mlu_dp),
         holds,
     )
+
+
+def electrical_shares(
+    cluster: Cluster, pp: DemandMatrix, dp: DemandMatrix
+) -> dict[tuple[str, ...], Share]:
+    """A job on the electrical core: each pod's electrical uplink is a resource it shares
+    with the other electrical jobs there, loaded with the pod's busier direction."""
+    by_phase = [_pod_bytes(pp), _pod_bytes(dp)]
+    caps = {p.id: p.electrical_gbps * 1e9 / 8 for p in cluster.pods}
+    return {
+        ("electrical", pod): Share(by_phase[0].get(pod, 0.0), by_phase[1].get(pod, 0.0), caps[pod])
+        for pod in sorted(set(by_phase[0]) | set(by_phase[1]))
+    }
+
+
+def _pod_bytes(demand: DemandMatrix) -> dict[str, float]:
+    """Bytes a pod sends or receives across pods, whichever is more."""
+    out: dict[str, float] = {}
+    into: dict[str, float] = {}
+    for p, q, b in demand.entries():
+        if p != q:
+            out[p] = out.get(p, 0.0) + b
+            into[q] = into.get(q, 0.0) + b
+    return {pod: max(out.get(pod, 0.0), into.get(pod, 0.0)) for pod in set(out) | set(into)}
+
+
+def _time_s(amount: float, capacity: float) -> float:
+    if amount <= 0:
+        return 0.0
+    return amount / capacity if capacity > 0 else math.inf
 
 
 def _iteration(timing: JobTiming, dp_base: float, pp_net: float, dp_net: float) -> float:

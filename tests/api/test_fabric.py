@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
-from tests.support import LiveServer
+from app.engine.cluster import cluster_to_dict
+from app.settings import Settings
+from tests.support import LiveServer, narrow_cluster
 
 
 def eventually(check: Callable[[], Any], timeout_s: float = 15.0) -> Any:
@@ -139,3 +143,48 @@ def test_a_failed_port_moves_the_circuit(server: LiveServer) -> None:
             )
 
         eventually(moved)
+
+
+def test_jobs_short_of_ports_use_a_clusters_electrical_core(
+    settings: Settings, tmp_path: Path
+) -> None:
+    """A cluster file may give pods an electrical core beside the OXCs: `GET /v1/cluster`
+    shows it, and a job that gets no circuits (two uplinks per pod run out) is served
+    there: `network.mode` "electrical", no cross-connect of its own, headers on the
+    electrical layer."""
+    narrow = narrow_cluster(electrical_gbps=400.0)
+    path = tmp_path / "narrow.json"
+    path.write_text(json.dumps(cluster_to_dict(narrow)))
+    live = LiveServer(settings.model_copy(update={"cluster": str(path)}))
+    live.start()
+    try:
+        with live.client() as c:
+            pods = c.get("/v1/cluster").json()["pods"]
+            assert {p["electrical_gbps"] for p in pods} == {400.0}
+            for i in range(3):
+                r = c.post("/v1/jobs", json={"job_id": f"w{i}", "parallelism": {"dp": 10, "pp": 1}})
+                assert r.status_code == 201, r.text
+            views = {
+                f"w{i}": eventually(lambda i=i: c.get(f"/v1/jobs/w{i}").json()["network"])
+                for i in range(3)
+            }
+            electrical = [j for j, v in views.items() if v["mode"] == "electrical"]
+            assert electrical, views
+            for j in electrical:
+                assert views[j]["pod_ports"] == {} and views[j]["estimated_slowdown"] >= 1.0
+            topo = eventually(
+                lambda: (t := c.get("/v1/topology").json()) and "desired" not in t and t
+            )
+            assert not any(_cross_connects(topo, j) for j in electrical)
+            logged = c.get("/v1/decisions", params={"limit": 1000}).json()["decisions"]
+            latest = {
+                (d["job_id"], d["routing"]["phase"]): d["routing"]
+                for d in logged
+                if d["kind"] == "routing"
+            }
+            assert all(
+                h["layer"] == ("electrical" if j in electrical else "optical")
+                for (j, _), h in latest.items()
+            )
+    finally:
+        live.stop()

@@ -24,7 +24,7 @@ from app.engine.cross_connects import realised_circuits
 from app.engine.job import Job, ModelFacts, Parallelism, Placement, Unit
 
 
-def _cluster(pods: int, oxcs: int, per_oxc: int) -> Cluster:
+def _cluster(pods: int, oxcs: int, per_oxc: int, electrical_gbps: float = 0.0) -> Cluster:
     return build_cluster(
         "t",
         pods=pods,
@@ -33,6 +33,7 @@ def _cluster(pods: int, oxcs: int, per_oxc: int) -> Cluster:
         uplink_ports_per_pod=per_oxc * oxcs,
         oxcs=oxcs,
         oxc_ports=per_oxc * pods,
+        pod_electrical_gbps=electrical_gbps,
     )
 
 
@@ -42,7 +43,8 @@ def scenarios(draw: st.DrawFn) -> tuple[Cluster, list[JobDemand], float]:
     oxcs = draw(st.integers(1, 3))
     # every pod has more than twice (pods - 1) ports: a pool of one circuit per pair fits
     per_oxc = draw(st.integers(2 * (pods - 1) // oxcs + 1, 2 * (pods - 1) // oxcs + 4))
-    cluster = _cluster(pods, oxcs, per_oxc)
+    electrical = draw(st.sampled_from([0.0, 0.0, 400.0]))
+    cluster = _cluster(pods, oxcs, per_oxc, electrical)
     names = [p.id for p in cluster.pods]
     demands = []
     for i in range(draw(st.integers(1, 9))):
@@ -56,7 +58,6 @@ def scenarios(draw: st.DrawFn) -> tuple[Cluster, list[JobDemand], float]:
         want = tuple((p, draw(st.integers(1, per_oxc * oxcs))) for p in chosen)
         compute = draw(st.sampled_from([0.0, 0.01, 1.0]))
         demands.append(JobDemand(f"j{i}", tuple(pairs), want, compute))
-    electrical = draw(st.sampled_from([0.0, 0.0, 400.0]))
     return cluster, demands, electrical
 
 
@@ -98,7 +99,7 @@ def test_no_port_twice_budgets_and_everyone_served(
     case: tuple[Cluster, list[JobDemand], float],
 ) -> None:
     cluster, demands, electrical = case
-    alloc = allocate_ports(cluster, demands, electrical_gbps=electrical)
+    alloc = allocate_ports(cluster, demands)
     _check_budgets(cluster, alloc)
     _check_served(demands, alloc, electrical)
     assert len(alloc.turn_order) != 1  # a lone sharer holds its circuits as its own
@@ -110,10 +111,10 @@ def test_a_completion_never_lowers_another_jobs_share(
     case: tuple[Cluster, list[JobDemand], float], data: st.DataObject
 ) -> None:
     cluster, demands, electrical = case
-    before = allocate_ports(cluster, demands, electrical_gbps=electrical)
+    before = allocate_ports(cluster, demands)
     gone = data.draw(st.sampled_from([d.job_id for d in demands]))
     rest = [d for d in demands if d.job_id != gone]
-    after = allocate_ports(cluster, rest, previous=before, electrical_gbps=electrical)
+    after = allocate_ports(cluster, rest, previous=before)
     _check_budgets(cluster, after)
     _check_served(rest, after, electrical)
     for d in rest:
@@ -175,11 +176,11 @@ def test_a_job_with_no_port_left_takes_turns_and_the_last_slice_joins() -> None:
 
 
 def test_electrical_when_turns_would_be_slower() -> None:
-    cluster = _cluster(3, 1, 2)  # 2 ports per pod
+    cluster = _cluster(3, 1, 2, electrical_gbps=25_600.0)  # 2 ports per pod
     first = JobDemand("a", (("pod-0", "pod-1", 1e9), ("pod-0", "pod-2", 1e9)), (("pod-0", 2),))
     second = JobDemand("b", (("pod-1", "pod-2", 1e11),), (("pod-1", 8), ("pod-2", 8)))
     third = JobDemand("c", (("pod-1", "pod-2", 1e11),), (("pod-1", 8), ("pod-2", 8)))
-    alloc = allocate_ports(cluster, [first, second, third], electrical_gbps=25_600.0)
+    alloc = allocate_ports(cluster, [first, second, third])
     modes = {j.job_id: j.mode for j in alloc.jobs}
     assert MODE_ELECTRICAL in modes.values(), alloc
 
@@ -210,7 +211,7 @@ def test_allocated_circuits_map_onto_the_oxcs_without_a_port_twice(
     case: tuple[Cluster, list[JobDemand], float],
 ) -> None:
     cluster, demands, electrical = case
-    alloc = allocate_ports(cluster, demands, electrical_gbps=electrical)
+    alloc = allocate_ports(cluster, demands)
     wanted = {j.job_id: j.circuits for j in alloc.jobs if j.circuits}
     if alloc.pool:
         wanted["(pool)"] = alloc.pool
@@ -234,8 +235,8 @@ def test_an_arrival_changes_only_jobs_near_it(
     """Starting from what runs, an arrival changes the new job, jobs on its pods, and
     jobs on the pods of those it took circuits from; everyone stays served."""
     cluster, demands, electrical = case
-    before = allocate_ports(cluster, demands[:-1], electrical_gbps=electrical)
-    after = allocate_ports(cluster, demands, previous=before, electrical_gbps=electrical)
+    before = allocate_ports(cluster, demands[:-1])
+    after = allocate_ports(cluster, demands, previous=before)
     _check_budgets(cluster, after)
     _check_served(demands, after, electrical)
     new = demands[-1]
@@ -265,8 +266,8 @@ def test_a_recomputation_with_nothing_changed_changes_only_the_turns(
     job as it was: water-filling grows circuits only on pods where something changed.
     Only a job taking turns may move (it leaves them once it can claim its share)."""
     cluster, demands, electrical = case
-    before = allocate_ports(cluster, demands, electrical_gbps=electrical)
-    again = allocate_ports(cluster, demands, previous=before, electrical_gbps=electrical)
+    before = allocate_ports(cluster, demands)
+    again = allocate_ports(cluster, demands, previous=before)
     for d in demands:
         old, now = before.job(d.job_id), again.job(d.job_id)
         if old != now:

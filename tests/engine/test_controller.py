@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from app.engine.cluster import build_cluster, preset
+from app.engine.cluster import preset
 from app.engine.controller import (
     ControllerConfig,
     Event,
@@ -16,18 +16,11 @@ from app.engine.fabric import MODE_ISOLATED, PlacedJob
 from app.engine.job import Collective, Job, ModelFacts, Parallelism, Placement, Unit
 from app.engine.traffic import DemandMatrix
 from app.sim.trace import replay_trace
+from tests.support import narrow_cluster
 
 SMALL = preset("small")
 # two uplinks per pod: jobs outnumber ports and must take turns
-NARROW = build_cluster(
-    "narrow",
-    pods=4,
-    tors_per_pod=2,
-    servers_per_tor=4,
-    uplink_ports_per_pod=2,
-    oxcs=1,
-    oxc_ports=8,
-)
+NARROW = narrow_cluster()
 CONFIG = ControllerConfig(reconfig_ms=25.0)
 
 
@@ -230,3 +223,58 @@ def test_a_job_holds_the_topology_that_serves_its_whole_cycle_best() -> None:
     assert acc.hits >= 35, acc
     assert acc.reconfigurations == 2, acc  # placement's topology, then the ring's, once
     assert acc.exposed_s <= 0.030, acc
+
+
+def test_a_job_without_ports_goes_electrical_when_that_is_faster_and_back_when_ports_free() -> None:
+    """Where the pods have an electrical core beside the OXCs, a job that gets no circuits
+    sends over it when turns would be slower: its view says so, its headers route its
+    cross-pod flows on the electrical layer, and no cross-connect is made for it. When a
+    completion frees ports it gets circuits again."""
+    jobs = [spread_job(j, [0, 1], slot, dp=2) for j, slot in (("a", 0), ("b", 1), ("c", 2))]
+    arrivals: list[Event] = [placed(pj, 0.1 * i) for i, pj in enumerate(jobs)]
+    result = replay_trace(narrow_cluster(400.0), CONFIG, arrivals)
+    state = result.state
+    assert state is not None
+    views = {pj.job.job_id: network_view(state, pj.job.job_id) for pj in jobs}
+    assert [v.mode if v else None for v in views.values()] == ["isolated", "isolated", "electrical"]
+    view = views["c"]
+    assert view is not None and view.pod_ports == () and "too few free ports" in view.reason
+    assert view.estimated_slowdown is not None and view.estimated_slowdown >= 1.0
+    assert not {cc.job_id for cc in state.desired} & {"c"}
+    latest = {(d.job_id, d.routing.phase): d.routing for _, d in result.decisions if d.routing}
+    headers = [h for (j, _), h in latest.items() if j == "c"]
+    assert headers and all(h.layer == "electrical" for h in headers)
+    cross = [r for h in headers for r in h.routes if len(r.path) == 2]
+    assert cross and {r.path for r in cross} <= {("pod-0", "pod-1"), ("pod-1", "pod-0")}
+    assert all(h.layer == "optical" for (j, _), h in latest.items() if j != "c")
+    # with no electrical core the same jobs take turns instead
+    narrow = replay_trace(NARROW, CONFIG, arrivals)
+    assert narrow.state is not None
+    modes = {v.mode for pj in jobs if (v := network_view(narrow.state, pj.job.job_id))}
+    assert "electrical" not in modes
+    # a completion frees ports: the electrical job gets circuits
+    after = replay_trace(narrow_cluster(400.0), CONFIG, [*arrivals, JobCompleted("a", 5.0)])
+    assert after.state is not None
+    view = network_view(after.state, "c")
+    assert view is not None and view.mode == "isolated", view
+    assert any(cc.job_id == "c" for cc in after.state.desired)
+
+
+def test_a_job_whose_circuits_are_slower_than_the_electrical_core_moves_there_for_good() -> None:
+    """With a core faster than a starved slice, jobs give their circuits up for it (the
+    summed iteration time falls) and stay there after a completion."""
+    jobs = [spread_job(j, [0, 1], slot, dp=2) for j, slot in (("a", 0), ("b", 1), ("c", 2))]
+    arrivals: list[Event] = [placed(pj, 0.1 * i) for i, pj in enumerate(jobs)]
+    state = replay_trace(narrow_cluster(800.0), CONFIG, arrivals).state
+    assert state is not None
+    views = {pj.job.job_id: network_view(state, pj.job.job_id) for pj in jobs}
+    moved = [j for j, v in views.items() if v is not None and v.mode == "electrical"]
+    assert moved and all("electrical core" in views[j].reason for j in moved)  # type: ignore[union-attr]
+    slowdowns = {j: v.estimated_slowdown for j, v in views.items() if v is not None}
+    assert all(s is not None and s < 2.0 for j, s in slowdowns.items() if j in moved)
+    later = replay_trace(narrow_cluster(800.0), CONFIG, [*arrivals, JobCompleted("c", 5.0)]).state
+    assert later is not None
+    for j in moved:
+        if j != "c":
+            v = network_view(later, j)
+            assert v is not None and v.mode == "electrical"

@@ -11,6 +11,7 @@ from app.sim.policies import POLICIES
 from app.sim.report import SUMMARY_FIELDS, summarize
 from app.sim.simulator import simulate
 from app.sim.workload import WorkloadJob
+from tests.support import narrow_cluster
 
 ALPHA = 14e-6  # NCCL NET/Ring/Simple, the engine's ALPHA_RING_S
 SERVER_BPS = 8 * 400e9 / 8  # 8 NICs of 400 Gb/s per server, bytes/s
@@ -148,3 +149,25 @@ def test_ecmp_polarisation_depends_on_the_seed_and_hurts():
     runs = [summarize(simulate(cluster, workload, "ecmp", seed=s)) for s in range(3)]
     assert len({r["makespan_s"] for r in runs}) > 1
     assert all(r["mean_iteration_slowdown"] > ideal["mean_iteration_slowdown"] for r in runs)
+
+
+def test_jobs_without_circuits_run_on_the_electrical_core_no_faster_than_ideal():
+    workload = [
+        WorkloadJob(_job(f"w{i}", 10, 1, params=6e9 + i * 1e9), 1.0 * i, 200) for i in range(3)
+    ]
+    core = narrow_cluster(1600.0)
+    ideal = {j.job_id: j for j in simulate(core, workload, "ideal").jobs}
+    run = simulate(core, workload, "lightpath")
+    modes = {j.job_id: j.mode for j in run.jobs}
+    assert "electrical" in modes.values(), modes
+    for j in run.jobs:
+        assert j.end_s is not None and not j.stalled
+        # the electrical core is slower than the NICs: never faster than ideal
+        assert j.end_s - j.start_s >= ideal[j.job_id].end_s - ideal[j.job_id].start_s - 1e-9
+    stepped = simulate(core, workload, "lightpath", step_by_step=True)
+    for a, b in zip(_comparable(run), _comparable(stepped), strict=True):
+        assert a[0] == b[0] and a[4:] == b[4:]
+        assert a[1:4] == pytest.approx(b[1:4], rel=1e-9, abs=1e-9)
+    # without the core the same jobs take turns on the two uplinks instead
+    turns = simulate(narrow_cluster(0.0), workload, "lightpath")
+    assert "electrical" not in {j.mode for j in turns.jobs}
