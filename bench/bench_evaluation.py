@@ -15,11 +15,18 @@ a mean with its 95% confidence interval over the seeds. Written under
 bench/out/evaluation/: results.json, table.md, and one plot per family
 (steady utilisation and mean slowdown against latency, with error bars).
 
+Scarce ports: `--uplinks N` runs the same workloads (generated on seed-15k) on
+seed-15k with N uplinks per pod instead of 192 (N divisible by the 16 OXCs; the
+electrical policies' Clos gets the same N), and `--electrical-gbps G` gives each
+pod of the optical policies an electrical core of G Gb/s beside the OXCs (a
+hybrid fabric; the electrical baselines are unchanged). Write those runs to
+another `--out`.
+
 Bound (exit 1 when missed): the timed cell (one family, one latency: 160 jobs x
 7 policies x SEEDS seeds) under 600 s of wall time on this machine.
 
 Run: .venv/bin/python bench/bench_evaluation.py [--families dense,moe] [--latencies 1,25]
-     [--seeds 5] [--jobs 160]
+     [--seeds 5] [--jobs 160] [--uplinks 16] [--electrical-gbps 1600]
      (families can run as separate processes; `--merge` then rebuilds table.md
      from their results_<family>.json)
 """
@@ -36,7 +43,7 @@ from typing import Any
 
 from rich.console import Console
 
-from app.engine.cluster import preset
+from app.engine.cluster import Cluster, build_cluster, preset
 from app.sim.families import FAMILIES, FAMILY_GPU, generate, jitter
 from app.sim.report import aggregate, coinciding, evaluation_table, summarize
 from app.sim.simulator import simulate
@@ -50,6 +57,29 @@ CELL_BOUND_S = 600.0
 OUT = Path(__file__).resolve().parent / "out" / "evaluation"
 
 
+def variant(
+    reconfig_ms: float | None, uplinks: int | None, electrical_gbps: float = 0.0
+) -> Cluster:
+    """seed-15k, or seed-15k with `uplinks` per pod and an electrical core per pod."""
+    base = preset("seed-15k", reconfig_ms=reconfig_ms)
+    if uplinks is None and not electrical_gbps:
+        return base
+    pod, oxc = base.pods[0], base.oxcs[0]
+    return build_cluster(
+        "seed-15k",
+        pods=len(base.pods),
+        tors_per_pod=len(pod.tors),
+        servers_per_tor=len(pod.tors[0].servers),
+        uplink_ports_per_pod=uplinks or pod.uplink_ports,
+        oxcs=len(base.oxcs),
+        oxc_ports=oxc.ports,
+        reconfig_ms=oxc.reconfig_ms,
+        aggregator_gbps=pod.tors[0].aggregator_gbps,
+        pod_aggregator_gbps=pod.aggregator_gbps,
+        pod_electrical_gbps=electrical_gbps,
+    )
+
+
 def run_family(
     family: str,
     latencies: list[float],
@@ -57,10 +87,12 @@ def run_family(
     jobs: int,
     console: Console,
     partial: Path | None = None,
+    uplinks: int | None = None,
+    electrical_gbps: float = 0.0,
 ) -> dict[str, Any]:
     gpu = FAMILY_GPU.get(family)
-    base_cluster = preset("seed-15k")
-    workload = generate(family, base_cluster, load=LOAD, jobs=jobs, seed=GENERATION_SEED)
+    workload = generate(family, preset("seed-15k"), load=LOAD, jobs=jobs, seed=GENERATION_SEED)
+    base_cluster = variant(None, uplinks)
     copies = [jitter(workload, k) for k in range(seeds)]
     electrical: dict[str, list[dict[str, Any]]] = {}
     t0 = time.perf_counter()
@@ -72,7 +104,7 @@ def run_family(
     electrical_s = time.perf_counter() - t0
     cells = {}
     for latency in latencies:
-        cluster = preset("seed-15k", reconfig_ms=latency)
+        cluster = variant(latency, uplinks, electrical_gbps)
         t1 = time.perf_counter()
         per_policy = dict(electrical)
         for policy in POLICIES:
@@ -84,7 +116,11 @@ def run_family(
             ]
         wall = time.perf_counter() - t1 + electrical_s
         aggregates = [aggregate(per_policy[p]) for p in POLICIES]
-        title = f"{family} ({gpu or 'a100'}), {latency:g} ms, {seeds} seeds, wall {wall:.0f} s"
+        shape = f", {uplinks} uplinks/pod" if uplinks else ""
+        shape += f", {electrical_gbps:g} Gb/s core/pod" if electrical_gbps else ""
+        title = (
+            f"{family} ({gpu or 'a100'}{shape}), {latency:g} ms, {seeds} seeds, wall {wall:.0f} s"
+        )
         console.print(evaluation_table(aggregates, title))
         cells[f"{latency:g}"] = {
             "wall_s": wall,
@@ -93,6 +129,7 @@ def run_family(
         }
         if partial is not None:  # each cell as soon as it is done
             doc = {"family": family, "gpu": gpu or "a100", "jobs": jobs, "seeds": seeds}
+            doc |= {"uplinks": uplinks, "electrical_gbps": electrical_gbps}
             doc["cells"] = dict(sorted(cells.items(), key=lambda kv: float(kv[0])))
             partial.write_text(json.dumps(doc, indent=1) + "\n")
     return {
@@ -100,6 +137,8 @@ def run_family(
         "gpu": gpu or "a100",
         "jobs": jobs,
         "seeds": seeds,
+        "uplinks": uplinks,
+        "electrical_gbps": electrical_gbps,
         "load_average": os.getloadavg()[0],
         "cells": dict(sorted(cells.items(), key=lambda kv: float(kv[0]))),
     }
@@ -113,8 +152,11 @@ def _cell_md(agg: dict[str, Any], key: str, scale: float, digits: int) -> str:
 def markdown(results: list[dict[str, Any]]) -> str:
     lines = []
     for fam in results:
+        shape = f", {fam['uplinks']} uplinks/pod" if fam.get("uplinks") else ""
+        if fam.get("electrical_gbps"):
+            shape += f", optical policies with a {fam['electrical_gbps']:g} Gb/s core/pod"
         lines.append(
-            f"\n**{fam['family']}** ({fam['gpu']}, {fam['jobs']} jobs, load {LOAD}, "
+            f"\n**{fam['family']}** ({fam['gpu']}{shape}, {fam['jobs']} jobs, load {LOAD}, "
             f"{fam.get('seeds', '?')} seeds; mean ± 95% CI)\n"
         )
         latencies = sorted(fam["cells"], key=float)
@@ -196,6 +238,10 @@ def main() -> int:
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--jobs", type=int, default=160)
     ap.add_argument("--out", default=str(OUT), help="output directory")
+    ap.add_argument("--uplinks", type=int, default=None, help="uplinks per pod (default 192)")
+    ap.add_argument(
+        "--electrical-gbps", type=float, default=0.0, help="optical policies' core per pod"
+    )
     ap.add_argument(
         "--merge", action="store_true", help="only rebuild table.md from results_*.json"
     )
@@ -227,7 +273,16 @@ def main() -> int:
     worst = 0.0
     for family in families:
         partial = out / f"results_{family}.json"
-        fam = run_family(family, latencies, args.seeds, args.jobs, console, partial)
+        fam = run_family(
+            family,
+            latencies,
+            args.seeds,
+            args.jobs,
+            console,
+            partial,
+            uplinks=args.uplinks,
+            electrical_gbps=args.electrical_gbps,
+        )
         results.append(fam)
         worst = max([worst] + [c["wall_s"] for c in fam["cells"].values()])
         plot(fam, out / f"{family}.png")
