@@ -123,6 +123,10 @@ def summarize(result: SimResult) -> dict[str, Any]:
             sum(shares) / len(shares) if (shares := [_share(j) for j in done]) else 0.0
         ),
         "jobs_stalled": sum(1 for j in result.jobs if j.stalled),
+        # jobs that ran part of their life taking turns on shared ports, or on the
+        # electrical core (optical policies; what the controller did, not believed)
+        "jobs_shared": sum(1 for j in result.jobs if "time_division" in j.modes),
+        "jobs_electrical": sum(1 for j in result.jobs if "electrical" in j.modes),
     }
     return out
 
@@ -164,6 +168,7 @@ def job_rows(result: SimResult) -> list[dict[str, Any]]:
             "prediction_misses": j.misses,
             "algorithm": j.algorithm,
             "fabric_mode": j.mode,
+            "fabric_modes": list(j.modes),
             "holds_topology": j.holds_topology,
             "refused": j.refused,
         }

@@ -93,7 +93,8 @@ class JobResult:
     misses: int = 0
     mlu: float = 0.0
     algorithm: str = ""
-    mode: str = ""
+    mode: str = ""  # the fabric mode it started in
+    modes: tuple[str, ...] = ()  # every mode it ran in, in order (allocations change)
     holds_topology: bool = True
     refused: str | None = None
     stalled: str | None = None  # why the job could not progress (reported, not completed)
@@ -342,6 +343,7 @@ class Simulation:
         result.ideal_iteration_s = profile.ideal_iteration_s
         result.algorithm = profile.algorithm
         result.mode = profile.mode
+        result.modes = (profile.mode,)
         result.mlu = profile.mlu
         result.holds_topology = profile.holds_topology
         result.hits = profile.rewiring.hits(entry.iterations)
@@ -388,6 +390,8 @@ class Simulation:
         for key in profile.shares:
             self.key_users[key].add(run.job.job_id)
         run.result.mlu = max(run.result.mlu, profile.mlu)
+        if run.result.modes[-1:] != (profile.mode,):
+            run.result.modes += (profile.mode,)
         return True
 
     # ------------------------------------------------------------- sharing

@@ -168,6 +168,9 @@ def test_jobs_without_circuits_run_on_the_electrical_core_no_faster_than_ideal()
     for a, b in zip(_comparable(run), _comparable(stepped), strict=True):
         assert a[0] == b[0] and a[4:] == b[4:]
         assert a[1:4] == pytest.approx(b[1:4], rel=1e-9, abs=1e-9)
+    assert summarize(run)["jobs_electrical"] == sum("electrical" in j.modes for j in run.jobs)
+    assert summarize(run)["jobs_electrical"] >= 1
     # without the core the same jobs take turns on the two uplinks instead
     turns = simulate(narrow_cluster(0.0), workload, "lightpath")
     assert "electrical" not in {j.mode for j in turns.jobs}
+    assert summarize(turns)["jobs_electrical"] == 0 and summarize(turns)["jobs_shared"] >= 1
