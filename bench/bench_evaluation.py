@@ -146,6 +146,8 @@ def run_family(
 
 def _cell_md(agg: dict[str, Any], key: str, scale: float, digits: int) -> str:
     v = agg[key]
+    if not v["values"]:
+        return "-"  # no steady window: the queue never built up
     return f"{v['mean'] * scale:.{digits}f} ± {v['ci95'] * scale:.{digits}f}"
 
 

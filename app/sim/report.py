@@ -384,7 +384,7 @@ def human_s(seconds: float | None) -> str:
 
 def _pm(agg: dict[str, Any], key: str, scale: float = 1.0, digits: int = 2) -> str:
     v = agg.get(key)
-    if not isinstance(v, dict):
+    if not isinstance(v, dict) or not v["values"]:
         return "-"
     if len(v["values"]) < 2:
         return f"{v['mean'] * scale:.{digits}f}"
@@ -407,10 +407,21 @@ def coinciding(aggregates: Sequence[dict[str, Any]]) -> dict[str, str]:
     return out
 
 
+NO_STEADY_WINDOW = (
+    "steady util '-': the queue never built up, so there is no steady window; at this "
+    "load every policy's utilisation is the offered load: compare slowdown and JCT "
+    "(or raise --load / the job count)"
+)
+
+
 def evaluation_table(aggregates: Sequence[dict[str, Any]], title: str) -> Table:
     """Mean ± 95% CI over seeds per policy; coinciding policies and refused jobs shown."""
     same = coinciding(aggregates)
-    table = Table(title=title)
+    unsaturated = any(not a["steady_utilization"]["values"] for a in aggregates)
+    table = Table(
+        title=title,
+        caption=NO_STEADY_WINDOW if unsaturated else None,
+    )
     for name in (
         "policy",
         "steady util %",
@@ -455,8 +466,16 @@ def write_error_bar_plot(aggregates: Sequence[dict[str, Any]], path: Path, title
     names = [a["policy"] + ("*" if a["policy"] in same else "") for a in aggregates]
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
     util = [x["steady_utilization"] for x in aggregates]
-    a.bar(names, [u["mean"] * 100 for u in util], yerr=[u["ci95"] * 100 for u in util], capsize=4)
-    lo = min((u["mean"] - u["ci95"]) * 100 for u in util) if util else 0.0
+    judged = [u for u in util if u["values"]]
+    a.bar(
+        names,
+        [u["mean"] * 100 if u["values"] else math.nan for u in util],
+        yerr=[u["ci95"] * 100 if u["values"] else 0.0 for u in util],
+        capsize=4,
+    )
+    if len(judged) < len(util):
+        a.set_title("'-': no steady window (the queue never built up)", fontsize=8)
+    lo = min((u["mean"] - u["ci95"]) * 100 for u in judged) if judged else 0.0
     a.set_ylim(max(0.0, lo - 2.0), 100.0)
     a.set_ylabel("steady utilisation % (95% CI)")
     a.tick_params(axis="x", rotation=30)

@@ -174,3 +174,19 @@ def test_jobs_without_circuits_run_on_the_electrical_core_no_faster_than_ideal()
     turns = simulate(narrow_cluster(0.0), workload, "lightpath")
     assert "electrical" not in {j.mode for j in turns.jobs}
     assert summarize(turns)["jobs_electrical"] == 0 and summarize(turns)["jobs_shared"] >= 1
+
+
+def test_a_run_whose_queue_never_builds_reports_no_steady_utilisation_not_zero():
+    from rich.console import Console
+
+    from app.sim.report import NO_STEADY_WINDOW, aggregate, evaluation_table
+
+    cluster = preset("small")
+    workload = [WorkloadJob(_job("solo", 2, 1), 0.0, 50)]
+    runs = [summarize(simulate(cluster, workload, p, seed=s)) for p in ("ideal",) for s in (0, 1)]
+    assert all(r["steady_utilization"] is None for r in runs)
+    console = Console(width=300, record=True)
+    console.print(evaluation_table([aggregate(runs)], "t"))
+    text = console.export_text()
+    assert NO_STEADY_WINDOW.split(";")[0] in " ".join(text.split())
+    assert "0.00" not in text.split("ideal")[1].split("│")[1]
