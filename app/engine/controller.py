@@ -70,6 +70,7 @@ from .fabric import (
     route_phases,
 )
 from .job import Collective, Job, Placement
+from .placement import uplinks_free
 from .plan_signature import EMPTY_PLAN_ID, PlanCatalog, classify_plan
 from .predictor import DEFAULT_ALGORITHM, PredictorState, new_predictor
 from .predictor import step as step_predictor
@@ -1118,13 +1119,15 @@ def network_view(state: ControllerState, job_id: str) -> NetworkView | None:
 
 
 def free_uplinks(state: ControllerState) -> dict[str, int]:
-    """Uplink ports per pod no job's allocation (nor the shared pool) holds: what a new
-    job spanning pods could get there (`placement.place_job(..., ports_free=...)`)."""
-    free = {p.id: p.uplink_ports for p in state.cluster.pods}
-    for (_, pod), n in state.allocation.used_ports().items():
-        if pod in free:
-            free[pod] = max(0, free[pod] - n)
-    return free
+    """Uplink ports per pod no isolated slice holds: what a new job spanning pods could
+    get there (`placement.place_job(..., ports_free=...)`). The same figure the worker
+    sums from the jobs' stored `network.pod_ports` (`placement.uplinks_free`)."""
+    held: dict[str, float] = {}
+    for ja in state.allocation.jobs:
+        if ja.mode == MODE_ISOLATED:
+            for pod, n in ja.pod_ports:
+                held[pod] = held.get(pod, 0.0) + n
+    return uplinks_free(state.cluster, held)
 
 
 def _job_demand(cluster: Cluster, state: ControllerState, jf: JobFabric) -> DemandMatrix:

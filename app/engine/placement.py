@@ -97,6 +97,14 @@ def never_fits(cluster: Cluster, job: Job) -> tuple[str, ...]:
     return tuple(reasons)
 
 
+def uplinks_free(cluster: Cluster, held: Mapping[str, float]) -> dict[str, int]:
+    """`ports_free` for `place_job`: each pod's uplinks less what jobs' isolated slices
+    hold there (`held`, pod id -> ports: the sum of their `network.pod_ports`)."""
+    return {
+        p.id: max(0, p.uplink_ports - math.ceil(held.get(p.id, 0) - 1e-9)) for p in cluster.pods
+    }
+
+
 def place_job(
     cluster: Cluster,
     free: Set[str],
@@ -280,7 +288,7 @@ def _pick_pods(
     fewest free uplinks (the job needs none), then the idlest aggregator.
     Across pods: the largest first (fewest pods), ties to pods with free
     uplinks (the job's circuits need ports on every pod it spans); the tail
-    best-fit, ties to pods with free uplinks.
+    on a pod with free uplinks if one holds it, best fit among those.
     """
     pool = [p for p in cluster.pods if pod_cap[p.id] > 0]
     fitting = [p for p in pool if pod_cap[p.id] >= need]
@@ -317,8 +325,8 @@ def _pick_pods(
             pod = min(
                 tail,
                 key=lambda p: (
-                    pod_cap[p.id],
                     uplinks(p),
+                    pod_cap[p.id],
                     pod_free[p.id] - remaining * ep,
                     -ports[p.id],
                     p.id,

@@ -42,6 +42,7 @@ from app.engine.controller import (
     ControllerState,
     JobCompleted,
     JobPlaced,
+    free_uplinks,
     new_controller,
 )
 from app.engine.controller import step as control
@@ -279,7 +280,9 @@ class Simulation:
     def _place_fn(self) -> Callable[..., object]:
         if self.spec.inc_aware and self.spec.optical:
             agg = {t: self.ledger.free_gbps(self.cluster, t) for t in self.cluster.tors_by_id}
-            return functools.partial(place_job, aggregator_free_gbps=agg)
+            return functools.partial(
+                place_job, aggregator_free_gbps=agg, ports_free=free_uplinks(self.control)
+            )
         return place_job
 
     def _admit(self, at: float, changed: list[str], replan: bool = False) -> None:

@@ -102,6 +102,8 @@ class Snapshot:
     # server -> epoch seconds its placed job is expected to end (jobs with walltime_s only)
     busy_until: dict[str, float] = field(default_factory=dict)
     leased: frozenset[str] = frozenset()  # queued jobs that hold a heartbeat lease
+    # pod -> uplinks placed jobs' isolated slices hold (from their `network` views)
+    uplinks_held: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -113,6 +115,16 @@ class PlacedFacts:
     ends: float | None  # epoch seconds its walltime runs out (None: no walltime)
     grants: dict[str, float]  # ToR -> INC Gb/s held, from its stored collective
     leased: bool = False  # the job holds a heartbeat lease
+    # pod -> uplinks its isolated slice holds, from its stored `network` view
+    ports: dict[str, float] = field(default_factory=dict)
+
+
+def ports_of(collective: dict[str, Any] | None) -> dict[str, float]:
+    """Uplinks per pod a job's isolated slice holds (its stored `network.pod_ports`)."""
+    network = (collective or {}).get("network") or {}
+    if network.get("mode") != "isolated":
+        return {}
+    return {pod: float(n) for pod, n in (network.get("pod_ports") or {}).items()}
 
 
 def grants_of(collective: dict[str, Any] | None) -> dict[str, float]:
@@ -191,7 +203,9 @@ class PlacedCache:
         grants = grants_of(collective)
         previous = self.facts.get(job_id)
         self._leased += leased - (previous.leased if previous is not None else False)
-        self.facts[job_id] = PlacedFacts(placement, servers, ends, grants, leased)
+        self.facts[job_id] = PlacedFacts(
+            placement, servers, ends, grants, leased, ports_of(collective)
+        )
         self.used.update(dict.fromkeys(servers, job_id))
         if ends is not None:
             self.busy_until.update(dict.fromkeys(servers, ends))
@@ -212,22 +226,36 @@ class PlacedCache:
             facts = self.facts.get(job_id)
             if facts is not None:
                 facts.grants = grants_of(collective)
+                facts.ports = ports_of(collective)
 
-    def view(
-        self,
-    ) -> tuple[dict[str, str], dict[str, dict[str, Any]], dict[str, float], dict[str, float]]:
-        """(server holders, placements, aggregator Gb/s per ToR, expected ends).
+    def view(self) -> PlacedView:
+        """Server holders, placements, aggregator Gb/s per ToR, expected ends, uplinks
+        held per pod.
 
         Holders and ends are the cache's own dicts, not copies: read-only, and
         valid until the next `update`/`add` (both made by the scheduling thread).
         """
         with self._lock:
             aggregators: dict[str, float] = {}
+            uplinks: dict[str, float] = {}
             for facts in self.facts.values():
                 for tor, gbps in facts.grants.items():
                     aggregators[tor] = aggregators.get(tor, 0.0) + gbps
+                for pod, n in facts.ports.items():
+                    uplinks[pod] = uplinks.get(pod, 0.0) + n
             placed = {j: f.placement for j, f in self.facts.items()}
-            return self.used, placed, aggregators, self.busy_until
+            return PlacedView(self.used, placed, aggregators, self.busy_until, uplinks)
+
+
+@dataclass(frozen=True, slots=True)
+class PlacedView:
+    """`PlacedCache.view`: what a snapshot takes from the worker's memory."""
+
+    used: dict[str, str]
+    placed: dict[str, dict[str, Any]]
+    aggregators: dict[str, float]
+    busy_until: dict[str, float]
+    uplinks_held: dict[str, float]
 
 
 @dataclass(frozen=True, slots=True)
@@ -614,11 +642,20 @@ class Store:
                     )
                 ).all()
         cache.update(placed_ids, rows)
-        used, placed, aggregators, busy_until = cache.view()
+        view = cache.view()
         queued = tuple(job_from_body(r.job_id, r.body, r.submitted_order) for r in queued_rows)
         unexamined = frozenset(r.job_id for r in queued_rows if not r.examined)
         leased = frozenset(r.job_id for r in queued_rows if r.lease_s is not None)
-        return Snapshot(queued, used, placed, unexamined, aggregators, busy_until, leased)
+        return Snapshot(
+            queued,
+            view.used,
+            view.placed,
+            unexamined,
+            view.aggregators,
+            view.busy_until,
+            leased,
+            view.uplinks_held,
+        )
 
     def record_admission(
         self,

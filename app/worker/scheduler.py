@@ -14,7 +14,7 @@ from functools import partial
 
 from app.engine.cluster import Cluster
 from app.engine.job import Job
-from app.engine.placement import place_job
+from app.engine.placement import place_job, uplinks_free
 from app.engine.queue import Admission, QueuePolicy, admit_queued
 from app.store import ConcurrentChange, PlacedCache, Snapshot, Store
 from app.store.mapping import placement_to_json
@@ -87,7 +87,11 @@ def schedule(
             queue,
             policy,
             backfill=backfill,
-            place=partial(place_job, aggregator_free_gbps=agg_free),
+            place=partial(
+                place_job,
+                aggregator_free_gbps=agg_free,
+                ports_free=uplinks_free(cluster, snapshot.uplinks_held),
+            ),
             now=time.time(),
             busy_until=snapshot.busy_until,
         )

@@ -188,3 +188,16 @@ def test_jobs_short_of_ports_use_a_clusters_electrical_core(
             )
     finally:
         live.stop()
+
+
+def test_a_job_spanning_pods_is_placed_where_uplinks_are_free(server: LiveServer) -> None:
+    """The first job's slice holds every uplink of the two pods it spans; the second
+    2-pod job goes to the pods with free uplinks, not to the first's leftover servers."""
+    with server.client() as c:
+        c.post("/v1/jobs", json={"job_id": "first", "parallelism": {"dp": 6, "pp": 2}})
+        view = eventually(lambda: c.get("/v1/jobs/first").json()["network"])
+        assert view["mode"] == "isolated" and view["pod_ports"] == {"pod-0": 16, "pod-1": 16}
+        r = c.post("/v1/jobs", json={"job_id": "second", "parallelism": {"dp": 6, "pp": 2}})
+        assert r.status_code == 201, r.text
+        units = r.json()["placement"]["units"]
+        assert {u["server"].split("/")[0] for u in units} == {"pod-2", "pod-3"}

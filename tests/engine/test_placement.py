@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from app.engine.cluster import Cluster, build_cluster, preset
 from app.engine.job import Collective, Job, ModelFacts, Parallelism, Placement, Unplaceable
-from app.engine.placement import NOT_NOW_BUSY, never_fits, place_job
+from app.engine.placement import NOT_NOW_BUSY, never_fits, place_job, uplinks_free
 
 SEED = preset("seed-15k")
 FACTS = ModelFacts(
@@ -224,6 +224,28 @@ def test_a_job_spanning_pods_goes_where_uplinks_are_free() -> None:
     small = place_job(cluster, free, _job(8), ports_free=ports)
     assert isinstance(small, Placement)
     assert {cluster.server(s).pod_id for s in small.servers} == {"pod-0"}
+
+
+def test_the_tail_of_a_job_spanning_pods_avoids_a_pod_whose_uplinks_are_taken() -> None:
+    """The issue's case: a first job fills pod-0 and half of pod-1 and its slice holds
+    both pods' uplinks. The next 12-server job needs two pods; its tail would best-fit
+    the 4 servers left on pod-1, but pod-3 has room and free uplinks."""
+    cluster = preset("small")
+    free = set(cluster.server_ids)
+    first = place_job(cluster, free, _job(12, model=FACTS))
+    assert isinstance(first, Placement)
+    assert {cluster.server(s).pod_id for s in first.servers} == {"pod-0", "pod-1"}
+    free -= set(first.servers)
+    held = {"pod-0": 16.0, "pod-1": 16.0}
+    ports = uplinks_free(cluster, held)
+    assert ports == {"pod-0": 0, "pod-1": 0, "pod-2": 16, "pod-3": 16}
+    second = place_job(cluster, free, _job(12, model=FACTS), ports_free=ports)
+    assert isinstance(second, Placement)
+    assert {cluster.server(s).pod_id for s in second.servers} == {"pod-2", "pod-3"}
+    # with no port held anywhere best fit takes pod-1's leftover, as before
+    blind = place_job(cluster, free, _job(12, model=FACTS))
+    assert isinstance(blind, Placement)
+    assert "pod-1" in {cluster.server(s).pod_id for s in blind.servers}
 
 
 def test_layouts_are_estimated_on_the_circuits_the_job_would_get() -> None:
