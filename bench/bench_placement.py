@@ -18,6 +18,13 @@ pass it, so every trial is judged. The older figure, fill when the first job
 queues for any reason, judged only in trials where that job needed no more
 servers than were free, is printed beside it: it judged 0-12% of trials.
 
+For the trials below 95%, two oracles that do not depend on the placer: did
+any legal layout exist for the job that queued at that moment (its EP groups
+inside pods, a pod holding free // ep of them), and could a clairvoyant
+placer have fit it by placing every arrival since churn stopped again (jobs a
+pod holds kept in one pod; exact, as the sizes are powers of two). When
+neither, only the decisions made while jobs came and went could have helped.
+
 Bounds (exit 1 when missed):
 - place_job thread CPU time p99 <= 5 ms per job on seed-15k (wall time is
   printed beside it with the load average; on a shared machine it also holds
@@ -107,12 +114,54 @@ def first_fit(cluster: Cluster, free: Set[str], job: Job) -> Placement | Unplace
 
 @dataclass(frozen=True)
 class Trial:
-    """One trial's fill figures (shares of servers in use) and locality."""
+    """One trial's fill figures (shares of servers in use), locality and oracle answers."""
 
     first_queue: float  # when the first job queues, for any reason
     first_queue_excused: bool  # that job needed more servers than were free
     misfit: float  # when the first job queues though enough servers are free
     pods_ratio: float  # mean pods a placed job spans over the fewest that could hold it
+    # For the job that ended the trial (None when every server filled):
+    layout_existed: bool | None = None  # any legal layout at that moment
+    hindsight_fits: bool | None = None  # see `hindsight_fits`
+
+
+def fits_in_pods(free_per_pod: list[int], sizes: list[int]) -> bool:
+    """Whether pieces of power-of-two sizes fit into pods with these free counts.
+
+    Exact for sizes that divide one another: the pieces of each size w and
+    larger take whole multiples of w, so they fit iff, for every w, the pods
+    hold at least as many w-blocks (sum of free // w) as those pieces make up;
+    and largest-first into any pod with room meets every such bound.
+    """
+    assert all(n & (n - 1) == 0 for n in sizes), "exact for powers of two only"
+    for w in sorted(set(sizes), reverse=True):
+        blocks = sum(n // w for n in sizes if n >= w)
+        if sum(f // w for f in free_per_pod) < blocks:
+            return False
+    return True
+
+
+def hindsight_fits(start_free_per_pod: list[int], arrived: list[Job], pod_size: int) -> bool:
+    """Oracle: could a clairvoyant placer have fit every arrival of the trial's last phase?
+
+    From the free servers per pod when churn stopped (arrivals only from then
+    on), with the arrivals placed since and the job that queued: each job that
+    a pod can hold whole stays in one pod (the locality the placer keeps), a
+    bigger one splits into its EP groups anywhere (looser than the rules,
+    which keep it to the fewest pods). False therefore proves that no
+    placement of that phase keeping its jobs' locality fits the last job, so
+    only decisions before it (while jobs came and went) could have.
+    """
+    pieces = [
+        size
+        for job in arrived
+        for size in (
+            [job.servers_needed]
+            if job.servers_needed <= pod_size
+            else [job.parallelism.ep] * (job.parallelism.dp * job.parallelism.pp)
+        )
+    ]
+    return fits_in_pods(start_free_per_pod, pieces)
 
 
 def run_trial(
@@ -135,6 +184,9 @@ def run_trial(
     running: dict[str, tuple[str, ...]] = {}
     pods_ratio: list[float] = []
     pod_size = len(cluster.pods[0].servers)
+
+    def free_per_pod() -> list[int]:
+        return [sum(1 for s in pod.servers if s.id in free) for pod in cluster.pods]
 
     def attempt(job: Job) -> bool:
         start, cpu = time.perf_counter(), time.thread_time()
@@ -162,17 +214,27 @@ def run_trial(
             attempt(make_job(rng, sizes, i, eps))
             i += 1
     first: tuple[float, bool] | None = None
+    churned = free_per_pod()  # arrivals only from here on
+    arrived: list[Job] = []
     while free:
         job = make_job(rng, sizes, i, eps)
         i += 1
         if attempt(job):
+            arrived.append(job)
             continue
         used = 1 - len(free) / cluster.server_count
         short = len(free) < job.servers_needed
         if first is None:
             first = (used, short)
         if not short:
-            return Trial(first[0], first[1], used, statistics.mean(pods_ratio))
+            # Oracles, independent of the placer: did any legal layout exist now
+            # (EP groups inside pods: a pod holds free // ep of them), and could
+            # any placement of the arrivals since churn stopped have fit it?
+            par = job.parallelism
+            existed = sum(n // par.ep for n in free_per_pod()) >= par.dp * par.pp
+            hindsight = hindsight_fits(churned, [*arrived, job], pod_size)
+            mean_ratio = statistics.mean(pods_ratio)
+            return Trial(first[0], first[1], used, mean_ratio, existed, hindsight)
     if first is None:
         first = (1.0, False)
     return Trial(first[0], first[1], 1.0, statistics.mean(pods_ratio))
@@ -227,19 +289,23 @@ def main() -> int:
     print()
     print(
         f"{'mix':<11} {'placer':<10} {'fill mean':>9} {'fill min':>9} {'>=95%':>8} "
-        f"{'first-queue':>12} {'min*':>7} {'judged*':>8} {'pods/min':>8}"
+        f"{'first-queue':>12} {'min*':>7} {'judged*':>8} {'pods/min':>8} {'oracle <95%':>12}"
     )
     for (mix, name), rows in trials.items():
         fills = [t.misfit for t in rows]
         meeting = sum(1 for f in fills if f >= FILL_BOUND)
         judged = [t.first_queue for t in rows if not t.first_queue_excused]
         old_low = f"{min(judged):7.2%}" if judged else f"{'-':>7}"
+        low = [t for t in rows if t.misfit < FILL_BOUND]
+        existed = sum(1 for t in low if t.layout_existed)
+        hindsight = sum(1 for t in low if t.hindsight_fits)
         print(
             f"{mix:<11} {name:<10} {statistics.mean(fills):9.2%} {min(fills):9.2%} "
             f"{meeting:>4}/{len(fills):<3} "
             f"{statistics.mean(t.first_queue for t in rows):12.2%} {old_low} "
             f"{len(judged):>4}/{len(rows):<3} "
-            f"{statistics.mean(t.pods_ratio for t in rows):8.3f}"
+            f"{statistics.mean(t.pods_ratio for t in rows):8.3f} "
+            f"{existed:>4} {hindsight:>3}/{len(low):<3}"
         )
         if name != "lightpath":
             continue
@@ -260,6 +326,11 @@ def main() -> int:
     print("  trial is judged. first-queue: the older figure, at the first job queued for any")
     print("  reason; * only trials where that job needed no more servers than were free")
     print("pods/min: pods a placed job spans over the fewest pods that could hold it")
+    print("oracle <95%: of the trials below 95%, how many had a legal layout for the job")
+    print("  that queued (EP groups inside pods) at that moment, and how many could have fit")
+    print("  it in hindsight: every arrival since churn stopped placed again, jobs a pod")
+    print("  holds kept in one pod, bigger ones as free EP groups (0 of n: no placement of")
+    print("  that phase could, only decisions while jobs came and went)")
     load_after = os.getloadavg()
     print(
         f"load average: before {' '.join(f'{x:.2f}' for x in load_before)}, "

@@ -356,3 +356,34 @@ def test_inc_keeps_each_dp_group_under_one_tor_or_pod() -> None:
     for u in result.units:
         by_stage.setdefault(u.stage, set()).add(small.server(u.server).tor_id)
     assert all(len(t) == 1 for t in by_stage.values()), result.reason
+
+
+@settings(max_examples=60, deadline=None)
+@given(fabrics, st.data())
+def test_placement_invariants_hold_over_arrivals_and_completions(
+    cluster: Cluster, data: st.DataObject
+) -> None:
+    """A sequence of arrivals and completions: every placement keeps the rules of `_check`
+    against the servers free at that moment, no server is ever held by two running
+    jobs, and a job waits only when the pods hold too few whole EP groups for it."""
+    free = set(cluster.server_ids)
+    running: dict[str, tuple[str, ...]] = {}
+    for i in range(data.draw(st.integers(1, 12))):
+        if running and data.draw(st.booleans()):
+            done = data.draw(st.sampled_from(sorted(running)))
+            free |= set(running.pop(done))
+            continue
+        ep, dp, pp = (data.draw(st.integers(1, n)) for n in (4, 6, 3))
+        job = Job(f"j{i}", Parallelism(dp=dp, pp=pp, ep=ep), model=FACTS)
+        result = place_job(cluster, free, job)
+        if isinstance(result, Placement):
+            _check(cluster, free, job, result)
+            held = {s for servers in running.values() for s in servers}
+            assert held.isdisjoint(result.servers)
+            running[job.job_id] = result.servers
+            free -= set(result.servers)
+        elif not result.never_fits:
+            assert _pod_capacity(cluster, free, ep) < dp * pp
+    held = [s for servers in running.values() for s in servers]
+    assert len(held) == len(set(held)) and free.isdisjoint(held)
+    assert free | set(held) == set(cluster.server_ids)
