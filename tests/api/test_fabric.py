@@ -83,7 +83,8 @@ def test_jobs_short_of_ports_are_all_served_and_a_completion_grows_the_survivor(
     with server.client() as c:
         c.post("/v1/jobs", json={"job_id": "first", "parallelism": {"dp": 6, "pp": 2}})
         eventually(lambda: _cross_connects(c.get("/v1/topology").json(), "first"))
-        c.post("/v1/jobs", json={"job_id": "second", "parallelism": {"dp": 6, "pp": 2}})
+        # 20 servers: pods 2 and 3 and the 4 left on pod-1, whose uplinks the first holds
+        c.post("/v1/jobs", json={"job_id": "second", "parallelism": {"dp": 10, "pp": 2}})
         second = eventually(lambda: c.get("/v1/jobs/second").json()["network"])
         first = c.get("/v1/jobs/first").json()["network"]
         for view in (first, second):
