@@ -77,8 +77,22 @@ def _load_cluster(settings: Settings):  # type: ignore[no-untyped-def]
 def _serve_http(
     app: object, host: str, port: int, on_listening: Callable[[], None] | None = None
 ) -> None:
-    """Serve `app`; `on_listening` runs once the socket accepts connections."""
+    """Serve `app`; `on_listening` runs once the socket accepts connections.
+
+    SIGTERM shuts the server down gracefully, then ends the process through
+    `SystemExit`, so the caller's `finally` (`Runtime.stop`: release the lease, stop
+    the fabric process) runs: uvicorn raises the signal again once it has shut down,
+    to the handler in place before it started, which by default killed the process
+    on the spot.
+    """
+    import signal
+
     import uvicorn
+
+    def stop(signum: int, frame: Any) -> None:
+        raise SystemExit(0)
+
+    signal.signal(signal.SIGTERM, stop)
 
     class Server(uvicorn.Server):
         async def startup(self, sockets: Any = None) -> None:

@@ -87,6 +87,18 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(4 * 1024 * 1024, gt=0)
     admit_wait_s: float = Field(2.0, ge=0)
     worker_tick_s: float = Field(1.0, gt=0)
+    fabric_process: bool = Field(
+        True,
+        description="`lightpath worker` runs the fabric pass and the switch controller in a "
+        "child process (another core); false: on threads of the worker (as `serve` does)",
+    )
+    fabric_nice: int = Field(
+        10,
+        ge=0,
+        le=19,
+        description="the fabric process's niceness: when the cores are busy the OS runs "
+        "admission (and the API, the database) ahead of the fabric pass; 0: no preference",
+    )
     traffic_wake_ms: float = Field(
         20.0,
         ge=0,

@@ -18,6 +18,7 @@ from app.api.deps import Services
 from app.api.metrics import ApiMetrics
 from app.api.read_cache import JobViewCache
 from app.bus import InProcessBus
+from app.bus.messages import JobsChanged
 from app.bus.relay import OutboxRelay
 from app.bus.traffic_wake import TrafficWake
 from app.cluster_files import ConfigError, load_cluster
@@ -37,7 +38,7 @@ from app.worker.metrics import WorkerMetrics
 from app.worker.switch_controller import SwitchController
 
 # the cluster loaders stay importable from here
-__all__ = ["ConfigError", "Runtime", "build_runtime", "load_cluster"]
+__all__ = ["ConfigError", "Runtime", "build_fabric_side", "build_runtime", "load_cluster"]
 
 
 def build_store(settings: Settings) -> Store:
@@ -107,8 +108,9 @@ class Runtime:
         Not in front of /readyz, yet before the first arrival's fabric pass needs them
         (a pass that comes sooner waits for the import, not for a second one). `serve`
         calls this once HTTP is up, so start-up does not share the interpreter with it.
+        A worker whose fabric pass runs in a process of its own leaves it to that process.
         """
-        if self.worker is not None:
+        if self.worker is not None and self.worker.fabric_process is None:
             threading.Thread(target=load_solver, name="solver-import", daemon=True).start()
 
     def stop(self) -> None:
@@ -168,16 +170,17 @@ def build_runtime(settings: Settings, cluster: Cluster, *, with_worker: bool = T
     return runtime
 
 
-def attach_worker(
-    runtime: Runtime,
+def build_fabric_side(
     settings: Settings,
     cluster: Cluster,
     store: Store,
-    bus: Any,
-    driver: SouthboundDriver,
+    southbound: SouthboundDriver,
     metrics: WorkerMetrics,
-) -> None:
-    """Add the worker and the switch controller to `runtime`."""
+) -> tuple[FabricDriver, SwitchController]:
+    """The fabric driver (with retention) and the switch controller that feeds it.
+
+    Built in the worker process (fabric pass on a thread) or in the fabric process.
+    """
     repo = FabricRepository(store)
     config = ControllerConfig(
         reconfig_ms=cluster.reconfig_ms,
@@ -199,12 +202,26 @@ def attach_worker(
     fabric.retention_interval_s = settings.retention_interval_s
     controller = SwitchController(
         repo,
-        driver,
+        southbound,
         cluster,
         metrics,
         on_confirmed=fabric.confirmed,
         desired_source=lambda: fabric.committed,
     )
+    return fabric, controller
+
+
+def attach_worker(
+    runtime: Runtime,
+    settings: Settings,
+    cluster: Cluster,
+    store: Store,
+    bus: Any,
+    driver: SouthboundDriver,
+    metrics: WorkerMetrics,
+) -> None:
+    """Add the worker and the switch controller to `runtime` (the fabric pass on a thread)."""
+    fabric, controller = build_fabric_side(settings, cluster, store, driver, metrics)
     worker = Worker(
         store,
         bus,
@@ -254,7 +271,13 @@ def build_api_runtime(settings: Settings, cluster: Cluster) -> Runtime:
 
 
 def build_worker_runtime(settings: Settings, cluster: Cluster) -> Runtime:
-    """The `lightpath worker` process: leader-elected worker and switch controller."""
+    """The `lightpath worker` process: leader-elected worker and switch controller.
+
+    With `settings.fabric_process` (the default) the fabric pass and the switch
+    controller run in a child process (`app.worker.fabric_process`), fenced with
+    the lease's token, which this process forwards; admission stays here.
+    """
+    from app.worker.fabric_process import FabricProcess
     from app.worker.lease import LeaderLoop, LocalLease, RedisLease
 
     store = build_store(settings)
@@ -269,6 +292,7 @@ def build_worker_runtime(settings: Settings, cluster: Cluster) -> Runtime:
         traffic=TrafficRepository(store),
         fabric=FabricRepository(store),
     )
+    # the fabric process drives its own: this one answers /readyz
     driver = build_driver(settings, cluster)
     services.southbound = driver
     runtime = Runtime(services, None)
@@ -286,9 +310,22 @@ def build_worker_runtime(settings: Settings, cluster: Cluster) -> Runtime:
     runtime.thread_init = fence.bind_current_thread
     worker = runtime.worker
     assert worker is not None
-    assert runtime.controller is not None
-    # every southbound command carries the lease's token; the switches refuse older ones
-    runtime.controller.token = lambda: lease.token
+    leader = LeaderLoop(lease)
+    if settings.fabric_process:
+        runtime.controller = None  # it runs in the fabric process
+        worker.fabric_process = FabricProcess(
+            settings,
+            cluster,
+            metrics,
+            lease_state=lambda: lease.holding() if leader.is_leader() else None,
+            advance=getattr(lease, "advance_past", None),
+            on_views=worker.collectives_written,
+            announce=lambda ids: bus.announce(JobsChanged(ids)),
+        )
+    else:
+        assert runtime.controller is not None
+        # every southbound command carries the lease's token; the switches refuse older ones
+        runtime.controller.token = lambda: lease.token
 
     def elected(token: int | None) -> None:
         metrics.is_leader.set(1)
@@ -302,7 +339,7 @@ def build_worker_runtime(settings: Settings, cluster: Cluster) -> Runtime:
         metrics.mlu.set(0)  # only the leader's view of the fabric is meaningful
         metrics.converged.set(0)
 
-    leader = LeaderLoop(lease, on_elected=elected, on_deposed=deposed)
+    leader.on_elected, leader.on_deposed = elected, deposed
     runtime.is_leader = leader.is_leader
     leader.start()
     runtime.closers.extend([leader.stop, getattr(lease, "close", lambda: None), driver.close])

@@ -76,9 +76,14 @@ class FullStack:
 
 @contextmanager
 def full_stack(
-    cluster: str = "small", api_gc_threshold: int | None = None, redis_db: int = REDIS_DB
+    cluster: str = "small",
+    api_gc_threshold: int | None = None,
+    redis_db: int = REDIS_DB,
+    tree: str | None = None,
 ) -> Iterator[FullStack]:
-    """mock-oxc, worker and api as subprocesses on a fresh database; dropped after."""
+    """mock-oxc, worker and api as subprocesses on a fresh database; dropped after.
+
+    `tree`: run another checkout's code (its processes start in that directory)."""
     with stack_resources("lightpath_bench", redis_db) as (name, procs):
         oxc, api, worker = free_port(), free_port(), free_port()
         env = dict(
@@ -92,8 +97,10 @@ def full_stack(
             LIGHTPATH_LOG_LEVEL="WARNING",
         )
         env.pop("LIGHTPATH_API_TOKENS", None)
+        if tree is not None:
+            env["PYTHONPATH"] = tree
         run = [sys.executable, "-m", "app.cli"]
-        subprocess.run([*run, "migrate"], env=env, check=True, capture_output=True)
+        subprocess.run([*run, "migrate"], env=env, check=True, capture_output=True, cwd=tree)
         for role, args, health in (
             ("mock-oxc", ["mock-oxc", "--port", str(oxc)], f"http://127.0.0.1:{oxc}/healthz"),
             (
@@ -107,7 +114,7 @@ def full_stack(
             if role == "api" and api_gc_threshold is not None:
                 command = [sys.executable, "-c", _with_gc_threshold(api_gc_threshold, args)]
             p = subprocess.Popen(
-                command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+                command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tree
             )
             procs[role] = p
             _wait_ready(health, p)

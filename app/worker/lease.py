@@ -23,6 +23,7 @@ Must not import the store, the engine or the API.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import socket
 import threading
@@ -96,6 +97,7 @@ class Lease(Protocol):
     def token(self) -> int | None: ...
     @property
     def ttl_s(self) -> float: ...
+    def holding(self) -> tuple[int, float] | None: ...
     def try_acquire(self) -> bool: ...
     def renew(self) -> bool: ...
     def release(self) -> None: ...
@@ -118,6 +120,9 @@ class LocalLease:
     @property
     def token(self) -> int | None:
         return 1
+
+    def holding(self) -> tuple[int, float] | None:
+        return (1, math.inf)
 
     def try_acquire(self) -> bool:
         return True
@@ -187,6 +192,19 @@ class RedisLease:
         with self._lock:
             held = self._value is not None and time.monotonic() < self._valid_until
             return self._token if held else None
+
+    def holding(self) -> tuple[int, float] | None:
+        """(token, the `time.monotonic()` until which it holds) while held, else None.
+
+        The monotonic clock is the host's, so another process (the fabric process) can
+        stop acting on the token when we would, without asking.
+        """
+        with self._lock:
+            if self._value is None or self._token is None:
+                return None
+            if time.monotonic() >= self._valid_until:
+                return None
+            return (self._token, self._valid_until)
 
     def try_acquire(self) -> bool:
         """Take the lease if it is free (a new, larger token); extend it if still ours."""

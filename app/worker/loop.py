@@ -7,13 +7,19 @@ effects of the pass are committed.
 
 Scheduling runs ahead of fabric work (`run`): the message thread admits jobs
 and acknowledges; the fabric pass (placements into the controller, desired
-cross-connects, traffic reports) runs on its own thread, coalesced over
-whatever arrived meanwhile, so "placed" never waits for another job's circuits.
-Both passes are level-triggered from the database, so an acknowledged message
-whose fabric pass has not run yet is still acted on (the tick, a new leader).
-The two threads share one interpreter: between its steps a fabric pass waits
-for an admission pass under way (at most `ADMISSION_FIRST_S`), so an arrival is
-not admitted on half of it.
+cross-connects, traffic reports: `FabricLoop`) runs coalesced over whatever
+arrived meanwhile, so "placed" never waits for another job's circuits. Both
+passes are level-triggered from the database, so an acknowledged message
+whose fabric pass has not run yet is still acted on (the tick, a new leader, a
+restarted fabric process).
+
+Where the fabric pass runs: with `fabric_process` set (`lightpath worker`) in
+a process of its own, with the switch controller, so the plan uses another
+core; otherwise on a thread of this process (`lightpath serve`, whose API
+shows the in-process mock switches the controller drives). On a thread the two
+passes share one interpreter: between its steps a fabric pass waits for an
+admission pass under way (at most `ADMISSION_FIRST_S`), so an arrival is not
+admitted on half of it.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from app.bus.messages import AdmitJob, CompleteJob, Delivery, JobsChanged, Message, ReportTraffic
 from app.engine.cluster import Cluster
@@ -33,8 +39,12 @@ from app.store import PlacedCache, Store
 from app.store.fencing import Fenced
 
 from .fabric_driver import FabricDriver
+from .fabric_loop import FabricLoop
 from .metrics import WorkerMetrics
 from .scheduler import schedule
+
+if TYPE_CHECKING:
+    from .fabric_process import FabricProcess
 
 log = logging.getLogger("lightpath.worker")
 
@@ -74,27 +84,36 @@ class Worker:
         self.settings = settings
         self.driver = driver
         self.metrics = metrics
-        self.on_fabric_change = on_fabric_change
         self.passes = 0
         # run first on the fabric thread (the process binds it to the lease's fence)
         self.thread_init: Callable[[], None] = lambda: None
-        self.replan = threading.Event()
         self.placed = PlacedCache()  # scheduling's memory of placed jobs
-        driver.on_views = self._collectives_written
+        self.fabric = FabricLoop(
+            driver,
+            metrics,
+            tick_s=settings.worker_tick_s,
+            announce=lambda ids: bus.announce(JobsChanged(ids)),
+            on_fabric_change=on_fabric_change,
+        )
+        # set by the wiring: `run` drives the fabric pass in a process of its own instead
+        # of `self.fabric` on a thread (`lightpath worker`)
+        self.fabric_process: FabricProcess | None = None
+        driver.on_views = self.collectives_written
         # set while no admission pass runs: the fabric pass waits for it between steps,
         # so an arrival is not admitted on half an interpreter (they share the GIL)
         self._not_admitting = threading.Event()
         self._not_admitting.set()
         driver.yield_to = self._admission_first
-        self._fabric_due = threading.Event()
-        self._fabric_lock = threading.Lock()
-        self._fabric_reason: str | None = None
-        self._reset_fabric = False
+        self.fabric.before_pass = self._let_admission_go_first
         self.handlers: dict[type, tuple[Callable[[str, set[str]], None], ...]] = {
             AdmitJob: (self.admit, self.sync_fabric),
             CompleteJob: (self.admit, self.sync_fabric),
             ReportTraffic: (self.sync_fabric, self.consume_traffic),
         }
+
+    @property
+    def replan(self) -> threading.Event:
+        return self.fabric.replan
 
     def expire_leases(self) -> set[str]:
         """Fail placed jobs whose heartbeat lease ran out (freeing their servers)."""
@@ -108,7 +127,7 @@ class Worker:
         return expired
 
     def handle(self, messages: list[Message]) -> None:
-        """One pass over the current state, whatever woke us."""
+        """One pass over the current state, whatever woke us (fabric work in-process)."""
         reason = "reconcile"
         expired = self.expire_leases()
         if expired or any(isinstance(m, CompleteJob) for m in messages):
@@ -151,30 +170,17 @@ class Worker:
 
     def sync_fabric(self, reason: str, changed: set[str]) -> None:
         """Placements, completions, failed ports, confirmations and turns into the controller."""
-        if self._reset_fabric:
-            self._reset_fabric = False
-            self.driver.reset()
-        start = time.perf_counter()
-        forced = self.replan.is_set()
-        self.replan.clear()
-        fabric = self.driver.sync(reason, force=forced)
-        if fabric.planned:
-            self.metrics.fabric_seconds.observe(time.perf_counter() - start)
-            self.metrics.decisions.labels("fabric").inc(len(fabric.decision_seqs))
-            state = self.driver.state
-            if state is not None and state.fabric is not None:
-                self.metrics.mlu.set(state.fabric.mlu)
-            changed.update(fabric.changed_jobs)
-            if fabric.decision_seqs:
-                self.on_fabric_change()
+        self.fabric.sync(reason, changed)
 
     def consume_traffic(self, reason: str, changed: set[str]) -> None:
         """Traffic reports after the cursor into the controller (phases, predictions)."""
-        if self.driver.consume():
-            self.on_fabric_change()
+        self.fabric.consume_traffic(reason, changed)
 
     def request_replan(self) -> None:
-        self.replan.set()
+        if self.fabric_process is not None:
+            self.fabric_process.request_replan()
+        else:
+            self.fabric.request_replan()
 
     def take_over(self) -> None:
         """Forget the worker memory: a new leader starts from the durable state.
@@ -182,16 +188,18 @@ class Worker:
         The fabric memory is dropped by the fabric pass itself (its next pass),
         so a pass under way on the other thread never sees it vanish.
         """
-        self._reset_fabric = True
         self.placed.clear()
-        self.replan.set()
-        self._fabric_due.set()
+        if self.fabric_process is not None:
+            self.fabric_process.reset()
+        else:
+            self.fabric.reset()
 
-    def _collectives_written(self, views: Mapping[str, dict[str, Any]]) -> None:
+    def collectives_written(self, views: Mapping[str, dict[str, Any]]) -> None:
+        """The job views a fabric pass wrote: aggregator totals for scheduling follow them."""
         for job_id, collective in views.items():
             self.placed.set_collective(job_id, collective)
 
-    # --- the two threads of `run` --------------------------------------------
+    # --- the two sides of `run` ----------------------------------------------
 
     def admit_pass(self, messages: list[Message]) -> None:
         """Admission for what woke us; the fabric pass is only requested."""
@@ -210,58 +218,38 @@ class Worker:
     def _admission_first(self) -> None:
         self._not_admitting.wait(ADMISSION_FIRST_S)
 
+    def _let_admission_go_first(self, stop: threading.Event) -> None:
+        # let the answer to the arrival that asked for this pass go out first (it
+        # shares the interpreter), and coalesce what arrives meanwhile
+        stop.wait(FABRIC_SETTLE_S)
+        self._admission_first()
+
     def request_fabric(self, reason: str) -> None:
-        """Ask the fabric thread for a pass; reasons coalesce to the strongest."""
-        rank = {"reconcile": 0, "arrival": 1, "completion": 2}
-        with self._fabric_lock:
-            if self._fabric_reason is None or rank[reason] > rank[self._fabric_reason]:
-                self._fabric_reason = reason
-        self._fabric_due.set()
+        """Ask for a fabric pass; reasons coalesce to the strongest."""
+        if self.fabric_process is not None:
+            self.fabric_process.request(reason)
+        else:
+            self.fabric.request(reason)
 
     def fabric_pass(self) -> None:
-        """One coalesced fabric pass: placements, failed ports, confirmations, traffic."""
-        with self._fabric_lock:
-            reason = self._fabric_reason or "reconcile"
-            self._fabric_reason = None
-        changed: set[str] = set()
-        self.sync_fabric(reason, changed)
-        self.consume_traffic(reason, changed)
-        if changed:
-            self.bus.announce(JobsChanged(tuple(sorted(changed))))
+        """One coalesced fabric pass in this thread: placements, failed ports, traffic."""
+        self.fabric.pass_once()
 
     def _run_fabric(self, stop: threading.Event, is_leader: Callable[[], bool]) -> None:
+        if self.fabric_process is not None:
+            self.fabric_process.run(stop)
+            return
         self.thread_init()
-        backoff_s = 0.1
-        while not stop.is_set():
-            self._fabric_due.wait(self.settings.worker_tick_s)
-            if stop.is_set() or not is_leader():
-                self._fabric_due.clear()
-                continue
-            # let the answer to the arrival that asked for this pass go out first (it
-            # shares the interpreter), and coalesce what arrives meanwhile
-            stop.wait(FABRIC_SETTLE_S)
-            self._admission_first()
-            self._fabric_due.clear()
-            try:
-                self.fabric_pass()
-                backoff_s = 0.1
-                if self.driver.backlog:  # reports left after the pass's budget: go on at once
-                    self._fabric_due.set()
-            except Exception:
-                log.exception("fabric pass failed; retrying from the durable state")
-                self._reset_fabric = True
-                self.replan.set()
-                stop.wait(backoff_s)
-                backoff_s = min(backoff_s * 2, 5.0)
-                self._fabric_due.set()
+        self.fabric.run(stop, is_leader)
 
     def run(self, stop: threading.Event, is_leader: Callable[[], bool] = lambda: True) -> None:
         """Loop until `stop` is set; errors are logged and retried after a pause."""
         log.info("worker started", extra={"cluster": self.cluster.name})
-        # the fabric pass is CPU-bound Python: at the default 5 ms switch interval a
-        # scheduling pass (or, embedded, an API request) waits up to 5 ms for the
-        # interpreter after every database round trip; 1 ms bounds that wait
-        sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_INTERVAL_S))
+        if self.fabric_process is None:
+            # the fabric pass is CPU-bound Python: at the default 5 ms switch interval a
+            # scheduling pass (or, embedded, an API request) waits up to 5 ms for the
+            # interpreter after every database round trip; 0.1 ms bounds that wait
+            sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_INTERVAL_S))
         fabric = threading.Thread(
             target=self._run_fabric, args=(stop, is_leader), name="fabric-pass", daemon=True
         )
@@ -291,6 +279,6 @@ class Worker:
                 self.take_over()
                 time.sleep(backoff_s)
                 backoff_s = min(backoff_s * 2, 5.0)
-        self._fabric_due.set()
-        fabric.join(timeout=10)
+        self.fabric.wake()
+        fabric.join(timeout=30)
         log.info("worker stopped")
