@@ -296,10 +296,7 @@ def _prepared(d: JobDemand, port_bps: float) -> _Prepared:
         return hit[2]
     pair = {(a, b): x for a, b, x in d.pair_bytes}
     want = dict(d.want)
-    out: dict[str, float] = defaultdict(float)
-    for (a, b), x in pair.items():
-        out[a] += x
-        out[b] += x
+    out = pod_bytes(pair)
     # ideal circuits per pair: each pod's want split over its pairs by bytes
     cap: dict[tuple[str, str], int] = {}
     for (a, b), x in pair.items():
@@ -523,13 +520,14 @@ def allocate_ports(
     elected = [
         d.job_id for d in order if d.job_id in prev_elec and _chose_core(prev_jobs[d.job_id])
     ]
+    chose_core = set(elected)  # and those step 4 moves
     sharers_before = max(1, len(previous.turn_order)) if previous is not None else 1
     pool_before: dict[tuple[str, str], int] = defaultdict(int)
     for (_, a, b), n in pool.items():
         pool_before[(a, b)] += n
     for d in order:
         w = work[d.job_id]
-        if d.job_id in elected:
+        if d.job_id in chose_core:
             continue
         if d.job_id in prev_shared:
             # it leaves the turns only for circuits of its own at least its share
@@ -794,12 +792,11 @@ def allocate_ports(
     # of the core sends there instead, when that lowers the summed iteration time of
     # the jobs on the core's pods; its circuits become spare ports below. Not on a
     # completion (it never lowers anyone's share); it stays there for its life.
-    work_elected: list[str] = []
     if not keep_floor and any(electrical_gbps.values()):
-        work_elected = _elect_core(
+        for j in _elect_core(
             work, isolated, electrical, circuits, ports, electrical_gbps, port_bps
-        )
-        for j in work_elected:
+        ):
+            chose_core.add(j)
             _release_spare(ports, {j: spare[j]}, set(ports.free))
 
     # spare ports for per-phase topologies: what nobody's circuits took, up to each
@@ -833,6 +830,10 @@ def allocate_ports(
     # results
     isolated_set = set(isolated)
     shared_set = set(shared)
+    elec_on: dict[str, int] = defaultdict(int)  # electrical jobs per pod share its core
+    for x in electrical:
+        for p in work[x].pods:
+            elec_on[p] += 1
     out: list[JobAllocation] = []
     for d in demands:
         j = d.job_id
@@ -915,16 +916,11 @@ def allocate_ports(
                 )
             )
         else:
-            elec_on: dict[str, int] = defaultdict(int)
-            for x in electrical:
-                for p in work[x].pods:
-                    elec_on[p] += 1
             e_s = _electrical_s(w, electrical_gbps, elec_on, port_bps)
             s = round(max(1.0, e_s / w.ideal_s), 4) if w.ideal_s > 0 else 1.0
-            chose = j in elected or j in work_elected
             why = (
                 CORE_FASTER
-                if chose
+                if j in chose_core
                 else "too few free ports; the electrical layer is estimated faster than turns"
             )
             out.append(
@@ -1223,7 +1219,7 @@ def _electrical_s(
 ) -> float:
     """Iteration time over the pods' electrical uplinks, split among the jobs there (no
     faster than on the circuits that make the job non-blocking: its NICs bound it)."""
-    out = electrical_bytes(w.bytes)
+    out = pod_bytes(w.bytes)
     if any(electrical_gbps.get(p, 0.0) <= 0 for p in out):
         return math.inf
     nics = dict(w.d.nics or w.d.want)
@@ -1237,8 +1233,9 @@ def _electrical_s(
     return w.d.compute_s + net
 
 
-def electrical_bytes(pair_bytes: Mapping[tuple[str, str], float]) -> dict[str, float]:
-    """Bytes each pod's electrical uplink carries per iteration (each way) for these pairs."""
+def pod_bytes(pair_bytes: Mapping[tuple[str, str], float]) -> dict[str, float]:
+    """Bytes per pod over its pairs (each pair's busier way): what a pod's uplinks carry
+    per iteration, each way."""
     out: dict[str, float] = defaultdict(float)
     for (a, b), x in pair_bytes.items():
         out[a] += x
