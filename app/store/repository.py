@@ -348,27 +348,9 @@ def append_decisions(
     return [first + i for i in range(len(rows))]
 
 
-def add_outbox(
-    conn: Connection,
-    topic: str,
-    payload: dict[str, Any],
-    now: dt.datetime,
-    *,
-    published: bool = False,
-) -> int:
-    """Record an event in the caller's transaction; `published`: its writer sends it itself."""
-    return int(
-        conn.execute(
-            insert(t.outbox)
-            .values(
-                topic=topic,
-                payload=payload,
-                created_at=now,
-                published_at=now if published else None,
-            )
-            .returning(t.outbox.c.id)
-        ).scalar_one()
-    )
+def add_outbox(conn: Connection, topic: str, payload: dict[str, Any], now: dt.datetime) -> None:
+    """Record an event for the relay to publish, in the caller's transaction."""
+    conn.execute(insert(t.outbox).values(topic=topic, payload=payload, created_at=now))
 
 
 class Store:
@@ -410,10 +392,10 @@ class Store:
         written.
 
         `publish`: send the event from here once committed (the worker wakes
-        without waiting for the relay's thread and transaction); its outbox row
-        is written as published, and put back for the relay if sending fails. A
-        crash between the commit and the send loses only the wake-up: the
-        worker's tick reads the queued row anyway.
+        without waiting for the relay's thread and transaction). No outbox row
+        is written for a sent event; one is written for the relay if sending
+        fails. A crash between the commit and the send loses only the wake-up:
+        the worker's tick reads the queued row anyway.
         """
         now = utcnow()
         event = {"type": "AdmitJob", "job_id": job_id}
@@ -436,7 +418,8 @@ class Store:
                         lease_s=body.get("lease_s"),
                     )
                 )
-                outbox_id = add_outbox(conn, "jobs", event, now, published=publish is not None)
+                if publish is None:
+                    add_outbox(conn, "jobs", event, now)
         except IntegrityError:
             existing = self.get_job(job_id)
             if existing is None:
@@ -448,9 +431,7 @@ class Store:
             except Exception:
                 log.warning("AdmitJob not sent; left to the relay", exc_info=True)
                 with self.write_engine.begin() as conn:
-                    conn.execute(
-                        update(t.outbox).where(t.outbox.c.id == outbox_id).values(published_at=None)
-                    )
+                    add_outbox(conn, "jobs", event, now)
         record = JobRecord(
             job_id=job_id,
             state=JobState.QUEUED.value,
