@@ -46,6 +46,7 @@ from .repository import (
     Store,
     StoreError,
     append_decisions,
+    chunks,
     next_counter,
     utcnow,
 )
@@ -372,11 +373,19 @@ class TrafficRepository:
         return [DeadLetterRecord(r.ord, r.job_id, r.reason, r.report, r.at) for r in rows]
 
     def prediction(self, job_id: str) -> PredictionRow | None:
+        return self.predictions([job_id]).get(job_id)
+
+    def predictions(self, job_ids: Sequence[str]) -> dict[str, PredictionRow]:
+        """The stored predictions of these jobs (those that have one), in one read per chunk."""
+        found: dict[str, PredictionRow] = {}
+        p = t.predictions
         with self.store.read_engine.connect() as conn:
-            r = conn.execute(select(t.predictions).where(t.predictions.c.job_id == job_id)).first()
-        if r is None:
-            return None
-        return PredictionRow(r.job_id, r.algorithm, r.state, r.hits, r.misses, r.exposed_reconfig_s)
+            for chunk in chunks(job_ids):
+                for r in conn.execute(select(p).where(p.c.job_id.in_(chunk))):
+                    found[r.job_id] = PredictionRow(
+                        r.job_id, r.algorithm, r.state, r.hits, r.misses, r.exposed_reconfig_s
+                    )
+        return found
 
     def count_reports(self) -> int:
         with self.store.read_engine.connect() as conn:

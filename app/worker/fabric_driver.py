@@ -324,16 +324,14 @@ class FabricDriver:
         return out
 
     def _take_stored_counts(self, memory: WorkerMemory, job_ids: list[str]) -> None:
-        for job_id in job_ids:
-            row = self.traffic.prediction(job_id)
-            if row is not None:
-                memory.base[job_id] = Accounting(
-                    row.hits,
-                    int(row.state.get("held", 0)),
-                    row.misses,
-                    row.exposed_reconfig_s,
-                    int(row.state.get("reconfigurations", 0)),
-                )
+        for job_id, row in self.traffic.predictions(job_ids).items():
+            memory.base[job_id] = Accounting(
+                row.hits,
+                int(row.state.get("held", 0)),
+                row.misses,
+                row.exposed_reconfig_s,
+                int(row.state.get("reconfigurations", 0)),
+            )
 
     # --- traffic -----------------------------------------------------------------
 

@@ -15,7 +15,13 @@ from sqlalchemy.exc import OperationalError
 from app.settings import Settings
 from app.store import tables as t
 from app.store.repository import utcnow
-from app.store.traffic_repository import GroupCommit, TrafficRepository, _Pending, with_reconnect
+from app.store.traffic_repository import (
+    GroupCommit,
+    PredictionRow,
+    TrafficRepository,
+    _Pending,
+    with_reconnect,
+)
 from app.wiring import build_store
 
 DEMAND = [["pod-0/tor-0/srv-0", "pod-1/tor-0/srv-0", 1e9]]
@@ -248,3 +254,12 @@ def test_the_relay_sends_only_the_newest_traffic_event_of_a_drain(repo: TrafficR
     assert repo.store.relay_outbox(sent.append) == 4
     assert sent == [{"type": "ReportTraffic", "last_seq": 3}, {"type": "AdmitJob", "job_id": "j"}]
     repo.close()
+
+
+def test_stored_predictions_are_read_for_many_jobs_at_once(repo: TrafficRepository) -> None:
+    rows = [PredictionRow(f"j{i}", "ring", {"held": i}, i, 2 * i, 0.5 * i) for i in range(3)]
+    repo.commit_predictions(1, rows, [])
+    found = repo.predictions(["j0", "j2", "unknown"])
+    assert found == {"j0": rows[0], "j2": rows[2]}
+    assert repo.prediction("j1") == rows[1]
+    assert repo.prediction("unknown") is None
