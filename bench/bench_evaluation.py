@@ -249,6 +249,11 @@ def main() -> int:
     )
     ap.add_argument("extra", nargs="*", help="with --merge: more result directories")
     args = ap.parse_args()
+    if args.uplinks is not None:
+        try:
+            variant(None, args.uplinks)
+        except ValueError as exc:
+            ap.error(f"--uplinks {args.uplinks}: {exc}")
     out = Path(args.out)
     console = Console(width=200)
     if args.merge:
