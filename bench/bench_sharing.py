@@ -20,6 +20,9 @@ load it. Whose ports are in it is `--lenders`:
   ports; a pool has to be formed by a group at once for it to pay.
 - `leave`: the same, but every job starts in the pool and leaves it when its
   own slice is better (a pool formed by the group, each member free to go).
+- `fair` (turns models only): as `leave`, but a job joins or leaves only when
+  no other sharer's estimated iteration gets longer by it (issue 13's rule:
+  never make a job's estimate worse).
 
 - `opportunity`: the share of cross-pod job-time (time-weighted over the run)
   in which a job has a pod pair, or a pod, in common with another running
@@ -55,7 +58,8 @@ The what-if charges are this script's (a subclass of the simulation), so no
 figure of `bench_evaluation.py` depends on them.
 
 Run: .venv/bin/python bench/bench_sharing.py [--family comm-heavy] [--uplinks 16]
-     [--seeds 3] [--latency 25] [--models lightpath,pair-trunk,...] [--lenders all,pooled,leave]
+     [--seeds 3] [--latency 25] [--models lightpath,pair-trunk,...]
+     [--lenders all,pooled,leave,fair]
 No bound: the figures are the README's "Where uplinks are scarce" findings.
 """
 
@@ -177,9 +181,10 @@ class WhatIf(Simulation):
             out.append(t + self.reconfig_s)
         return tuple(out)
 
-    def _turns_times(self, run: _Run) -> tuple[float, float]:
+    def _turns_times(self, run: _Run, pooled: set[str] | None = None) -> tuple[float, float]:
+        """Network times on the turns with `pooled` (default: the pool now) as members."""
         job_id = run.job.job_id
-        members = set(self.pooled) | {job_id}
+        members = (self.pooled if pooled is None else pooled) | {job_id}
         every = self.lenders == "all"
         held: dict[tuple[str, str], int] = defaultdict(int)
         for ja in self.control.allocation.jobs:
@@ -189,13 +194,32 @@ class WhatIf(Simulation):
         pp, dp = self._exclusive_s(job_id, held)
         worst = 1.0
         for key in run.profile.shares:
-            others = [u for u in self._members(job_id, key) if u != job_id]
+            others = [
+                u for u in self.key_users[key] if u in self.running and u in members and u != job_id
+            ]
             busy = 0.0
             for u in others:
                 total = self.running[u].iteration_total_s(self.running[u].iter_done)
                 busy += sum(self._exclusive_s(u, held)) / total if total > 0 else 0.0
             worst = max(worst, 1.0 / max(1.0 - busy, 1.0 / (len(others) + 1)))
         return pp * worst, dp * worst
+
+    def _turns_iteration_s(self, job_id: str, pooled: set[str]) -> float:
+        """A job's iteration (network part as estimated) with `pooled` as the pool."""
+        run = self.running[job_id]
+        if job_id not in pooled:
+            return run.profile.iteration_s(run.profile.pp_alone_s, run.profile.dp_alone_s)
+        return run.profile.iteration_s(*self._turns_times(run, pooled))
+
+    def _nobody_worse(self, job_id: str, after: set[str]) -> bool:
+        """`fair`: a job joins or leaves only if no other sharer's estimate gets worse."""
+        keys = set(self.running[job_id].profile.shares)
+        for u in self.pooled - {job_id}:
+            if u in self.running and keys & set(self.running[u].profile.shares):
+                before = self._turns_iteration_s(u, self.pooled)
+                if self._turns_iteration_s(u, after) > before * (1 + 1e-9):
+                    return False
+        return True
 
     def _net_times(self, run: _Run) -> tuple[float, float]:
         shares = run.profile.shares
@@ -222,7 +246,13 @@ class WhatIf(Simulation):
                 pp = max(pp, share.pp_amount / cap)
                 dp = max(dp, share.dp_amount / cap)
         # the better of its own slice and the shared resource, after the fact
-        if run.profile.iteration_s(pp, dp) + pen < run.profile.iteration_s(*alone):
+        pooled_better = run.profile.iteration_s(pp, dp) + pen < run.profile.iteration_s(*alone)
+        turns = self.model in ("one-pool-turns", "pod-turns")
+        if turns and self.lenders == "fair" and (job_id in self.pooled) != pooled_better:
+            after = self.pooled | {job_id} if pooled_better else self.pooled - {job_id}
+            if not self._nobody_worse(job_id, after):
+                pooled_better = not pooled_better  # the move would slow another sharer
+        if pooled_better:
             self.pooled.add(job_id)
             return pp, dp
         self.pooled.discard(job_id)
@@ -234,7 +264,7 @@ class WhatIf(Simulation):
             self._clear_rates(run)  # on its own slice it loads nothing shared
 
     def _start(self, at: float, job: Job, placement: Placement) -> None:
-        if self.lenders == "leave":
+        if self.lenders in ("leave", "fair"):
             self.pooled.add(job.job_id)  # every job starts in the pool and leaves if alone pays
         super()._start(at, job, placement)
 
@@ -343,7 +373,7 @@ def main() -> int:
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--latency", type=float, default=25.0)
     ap.add_argument("--models", default=",".join(MODELS))
-    ap.add_argument("--lenders", default="all,pooled,leave")
+    ap.add_argument("--lenders", default="all,pooled,leave,fair")
     args = ap.parse_args()
     gpu = FAMILY_GPU.get(args.family)
     workload = generate(args.family, preset("seed-15k"), load=LOAD, jobs=160, seed=GENERATION_SEED)
@@ -369,6 +399,8 @@ def main() -> int:
     print("| --- | --- | --- | --- | --- |")
     for model in args.models.split(","):
         for lenders in args.lenders.split(",") if model != "lightpath" else ["-"]:
+            if lenders == "fair" and not model.endswith("turns"):
+                continue  # the rule is estimated on the turns models only
             t0 = time.perf_counter()
             agg = aggregate(run_model(model, lenders, cluster, copies, gpu, args.latency))
             print(
