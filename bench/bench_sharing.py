@@ -20,6 +20,12 @@ load it. Whose ports are in it is `--lenders`:
   ports; a pool has to be formed by a group at once for it to pay.
 - `leave`: the same, but every job starts in the pool and leaves it when its
   own slice is better (a pool formed by the group, each member free to go).
+- `lend` (turns models only): every isolated job's ports are in the pool, as
+  with `all`, but a job on its own slice takes its pods back for its own
+  bursts: the pool is the others' only while it computes (a burst of a lender
+  blocks the whole pod's pool here, not just its own ports, and so does the
+  reconfiguration that gives a lender its circuits back before each of its
+  phases). Lending assumes the controller knows every lender's gaps.
 - `fair` (turns models only): as `leave`, but a job joins or leaves only when
   no other sharer's estimated iteration gets longer by it (issue 13's rule:
   never make a job's estimate worse).
@@ -59,7 +65,7 @@ figure of `bench_evaluation.py` depends on them.
 
 Run: .venv/bin/python bench/bench_sharing.py [--family comm-heavy] [--uplinks 16]
      [--seeds 3] [--latency 25] [--models lightpath,pair-trunk,...]
-     [--lenders all,pooled,leave,fair]
+     [--lenders all,pooled,leave,fair,lend]
 No bound: the figures are the README's "Where uplinks are scarce" findings.
 """
 
@@ -185,7 +191,7 @@ class WhatIf(Simulation):
         """Network times on the turns with `pooled` (default: the pool now) as members."""
         job_id = run.job.job_id
         members = (self.pooled if pooled is None else pooled) | {job_id}
-        every = self.lenders == "all"
+        every = self.lenders in ("all", "lend")
         held: dict[tuple[str, str], int] = defaultdict(int)
         for ja in self.control.allocation.jobs:
             if (every or ja.job_id in members) and ja.mode == MODE_ISOLATED:
@@ -201,7 +207,22 @@ class WhatIf(Simulation):
             for u in others:
                 total = self.running[u].iteration_total_s(self.running[u].iter_done)
                 busy += sum(self._exclusive_s(u, held)) / total if total > 0 else 0.0
-            worst = max(worst, 1.0 / max(1.0 - busy, 1.0 / (len(others) + 1)))
+            rest = 1.0  # the pool's time the lenders leave (they come first)
+            if self.lenders == "lend":
+                # lenders on their own slice take the pod back for their own bursts
+                for u in self.key_users[key]:
+                    lender = self.running.get(u)
+                    if lender is None or u in members:
+                        continue
+                    total = lender.iteration_total_s(lender.iter_done)
+                    p = lender.profile
+                    # its bursts, and each phase's rewiring back to its own circuits
+                    own = p.pp_alone_s + p.dp_alone_s
+                    own += sum(1 for t in (p.pp_alone_s, p.dp_alone_s) if t > 0) * self.reconfig_s
+                    rest -= own / total if total > 0 else 0.0
+            # the sharers split what is left, each never less than a fair 1/n of it
+            cap = max(rest - busy, rest / (len(others) + 1))
+            worst = max(worst, 1.0 / cap if cap > 0 else math.inf)
         return pp * worst, dp * worst
 
     def _turns_iteration_s(self, job_id: str, pooled: set[str]) -> float:
@@ -373,7 +394,7 @@ def main() -> int:
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--latency", type=float, default=25.0)
     ap.add_argument("--models", default=",".join(MODELS))
-    ap.add_argument("--lenders", default="all,pooled,leave,fair")
+    ap.add_argument("--lenders", default="all,pooled,leave,fair,lend")
     args = ap.parse_args()
     gpu = FAMILY_GPU.get(args.family)
     workload = generate(args.family, preset("seed-15k"), load=LOAD, jobs=160, seed=GENERATION_SEED)
@@ -399,7 +420,7 @@ def main() -> int:
     print("| --- | --- | --- | --- | --- |")
     for model in args.models.split(","):
         for lenders in args.lenders.split(",") if model != "lightpath" else ["-"]:
-            if lenders == "fair" and not model.endswith("turns"):
+            if lenders in ("fair", "lend") and not model.endswith("turns"):
                 continue  # the rule is estimated on the turns models only
             t0 = time.perf_counter()
             agg = aggregate(run_model(model, lenders, cluster, copies, gpu, args.latency))
