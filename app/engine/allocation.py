@@ -9,8 +9,12 @@ per unordered pod pair over the busier direction (a circuit is full duplex, one
 port on each pod, both on the same OXC). With c circuits on a pair the pair
 needs bytes / (c * port rate); the job's network time is its slowest pair, and
 its estimated iteration time is compute + network. Its ideal is the time with
-the circuits that make it non-blocking (`want`: servers x NICs per pod, split
-over its pairs by bytes). The estimated slowdown is iteration time over ideal.
+the circuits that make it non-blocking (`pair_ports_needed`: on each pair, each
+way at the rate its pods' NICs send and receive it, a pod's uplinks split over
+its pairs where they are fewer; `want` per pod is what those pairs hold there).
+A one-way ring through a pod enters from one neighbour and leaves to another,
+so each of those pairs needs all of the pod's NICs. The estimated slowdown is
+iteration time over ideal.
 
 Allocation, in three steps:
 
@@ -82,6 +86,9 @@ class JobDemand:
     # NICs per pod (servers x NICs, not capped by the uplinks): what bounds the job on
     # the electrical core (empty: `want` does)
     nics: tuple[tuple[str, int], ...] = ()
+    # (pod_a < pod_b, circuits) that carry each way of the pair as fast as its pods'
+    # NICs send and receive it (empty: each pod's `want` split over its pairs by bytes)
+    pair_ports: tuple[tuple[str, str, int], ...] = ()
 
     @property
     def pods(self) -> tuple[str, ...]:
@@ -201,13 +208,65 @@ def job_demand(
     per_server = max(1, round(cluster.server_gbps / cluster.nic_gbps))
     pods = {p for k in pair for p in k}
     nics = tuple((p, servers[p] * per_server) for p in sorted(pods))
-    want = tuple((p, min(cluster.pods_by_id[p].uplink_ports, n)) for p, n in nics)
+    uplinks = {p: cluster.pods_by_id[p].uplink_ports for p in pods}
+    pair_ports = pair_ports_needed(pair, dict(nics), uplinks)
+    at_pod: dict[str, int] = defaultdict(int)
+    for pod_a, pod_b, circuits in pair_ports:
+        at_pod[pod_a] += circuits
+        at_pod[pod_b] += circuits
+    want = tuple((p, min(uplinks[p], max(n, at_pod[p]))) for p, n in nics)
     return JobDemand(
         job.job_id,
         tuple((a, b, max(v)) for (a, b), v in sorted(pair.items())),
         want,
         compute_estimate_s(job) if compute_s is None else compute_s,
         nics,
+        pair_ports,
+    )
+
+
+def pair_ports_needed(
+    pair: Mapping[tuple[str, str], Sequence[float]],
+    nics: Mapping[str, int],
+    uplinks: Mapping[str, int],
+) -> tuple[tuple[str, str, int], ...]:
+    """Circuits per pair that carry it as fast as its pods' NICs send and receive.
+
+    A pod's NICs send its outbound bytes and receive its inbound bytes at once,
+    each way split over its pairs by bytes; a pair needs the larger of its two
+    ways on each side. A one-way ring through a pod enters from one pod and
+    leaves to another: each of those pairs needs all of the pod's NICs (one way
+    each), since a circuit runs to one peer only. Where a pod's pairs need more
+    than its uplinks, its uplinks are split over them in proportion; a pair gets
+    no more than its scarcer side gives it.
+    """
+    sent: dict[str, float] = defaultdict(float)
+    received: dict[str, float] = defaultdict(float)
+    for (a, b), (ab, ba) in pair.items():
+        sent[a] += ab
+        received[b] += ab
+        sent[b] += ba
+        received[a] += ba
+
+    def side(p: str, out: float, into: float) -> float:
+        n = nics.get(p, 0)
+        return max(
+            n * out / sent[p] if sent[p] > 0 else 0.0,
+            n * into / received[p] if received[p] > 0 else 0.0,
+        )
+
+    need = {(a, b): (side(a, ab, ba), side(b, ba, ab)) for (a, b), (ab, ba) in pair.items()}
+    total: dict[str, float] = defaultdict(float)
+    for (a, b), (at_a, at_b) in need.items():
+        total[a] += at_a
+        total[b] += at_b
+
+    def scaled(p: str, n: float) -> float:
+        return n * min(1.0, uplinks.get(p, 0) / total[p]) if total[p] > 0 else 0.0
+
+    return tuple(
+        (a, b, max(1, math.ceil(min(scaled(a, at_a), scaled(b, at_b)) - 1e-9)))
+        for (a, b), (at_a, at_b) in sorted(need.items())
     )
 
 
@@ -295,14 +354,15 @@ def _prepared(d: JobDemand, port_bps: float) -> _Prepared:
     if hit is not None and hit[0] is d and hit[1] == port_bps:
         return hit[2]
     pair = {(a, b): x for a, b, x in d.pair_bytes}
-    want = dict(d.want)
-    out = pod_bytes(pair)
-    # ideal circuits per pair: each pod's want split over its pairs by bytes
-    cap: dict[tuple[str, str], int] = {}
-    for (a, b), x in pair.items():
-        share_a = want.get(a, 0) * x / out[a] if out[a] else 0.0
-        share_b = want.get(b, 0) * x / out[b] if out[b] else 0.0
-        cap[(a, b)] = max(1, math.ceil(min(share_a, share_b)))
+    cap: dict[tuple[str, str], int] = {(a, b): n for a, b, n in d.pair_ports}
+    if not cap:
+        # ideal circuits per pair: each pod's want split over its pairs by bytes
+        want = dict(d.want)
+        out = pod_bytes(pair)
+        for (a, b), x in pair.items():
+            share_a = want.get(a, 0) * x / out[a] if out[a] else 0.0
+            share_b = want.get(b, 0) * x / out[b] if out[b] else 0.0
+            cap[(a, b)] = max(1, math.ceil(min(share_a, share_b)))
     net = max((x / (cap[k] * port_bps) for k, x in pair.items()), default=0.0)
     ideal = d.compute_s + net
     if net > 0:

@@ -18,6 +18,7 @@ from app.engine.allocation import (
     job_demand,
     map_allocation,
     pair_circuits,
+    pair_ports_needed,
 )
 from app.engine.cluster import Cluster, build_cluster, preset
 from app.engine.cross_connects import realised_circuits
@@ -387,3 +388,60 @@ def test_an_arrival_takes_a_fair_share_from_a_job_holding_its_pods() -> None:
     assert min(ay.pair_circuits().values()) > 1
     # neither is left far more slowed than the other
     assert ay.estimated_slowdown <= 1.25 * ax.estimated_slowdown
+
+
+def test_a_one_way_ring_through_a_pod_gets_all_its_nics_towards_each_neighbour() -> None:
+    """A ring pod-0 -> pod-1 -> pod-2 -> pod-0 with one server (8 NICs) on pod-1: pod-1
+    receives from pod-0 and sends to pod-2 at once, each at its NICs' rate, so each of its
+    pairs needs 8 circuits (a circuit runs to one peer). Splitting its 8 NICs over the two
+    pairs by bytes gave 4 each, and a job held there ran at half its ideal."""
+    ring = {("pod-0", "pod-1"): (4e9, 0.0), ("pod-1", "pod-2"): (4e9, 0.0)}
+    ring[("pod-0", "pod-2")] = (0.0, 4e9)  # pod-2 -> pod-0 closes the ring
+    nics = {"pod-0": 16, "pod-1": 8, "pod-2": 16}
+    plenty = {p: 192 for p in nics}
+    assert pair_ports_needed(ring, nics, plenty) == (
+        ("pod-0", "pod-1", 8),
+        ("pod-0", "pod-2", 16),
+        ("pod-1", "pod-2", 8),
+    )
+    # a two-way exchange between two pods needs each side's NICs once, as before
+    both = {("pod-0", "pod-1"): (4e9, 4e9)}
+    assert pair_ports_needed(both, {"pod-0": 16, "pod-1": 24}, plenty) == (("pod-0", "pod-1", 16),)
+    # short of uplinks, a pod's ports are split over its pairs in proportion
+    assert pair_ports_needed(ring, nics, {"pod-0": 8, "pod-1": 8, "pod-2": 8}) == (
+        ("pod-0", "pod-1", 4),
+        ("pod-0", "pod-2", 4),
+        ("pod-1", "pod-2", 4),
+    )
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.dictionaries(
+        st.tuples(st.integers(0, 4), st.integers(0, 4)).filter(lambda k: k[0] < k[1]),
+        st.tuples(st.floats(0, 1e11), st.floats(0, 1e11)),
+        min_size=1,
+    ),
+    st.lists(st.integers(1, 64), min_size=5, max_size=5),
+    st.lists(st.integers(1, 64), min_size=5, max_size=5),
+)
+def test_pair_ports_fit_each_pods_uplinks_and_never_exceed_its_nics(
+    raw: dict[tuple[int, int], tuple[float, float]], nic: list[int], up: list[int]
+) -> None:
+    """Every pair gets at least one circuit; a pod's pairs together ask no more than its
+    uplinks (up to rounding, one port per pair) and no pair more than either side's NICs."""
+    pair = {(f"pod-{a}", f"pod-{b}"): v for (a, b), v in raw.items()}
+    nics = {f"pod-{i}": n for i, n in enumerate(nic)}
+    uplinks = {f"pod-{i}": n for i, n in enumerate(up)}
+    got = pair_ports_needed(pair, nics, uplinks)
+    assert [(a, b) for a, b, _ in got] == sorted(pair)
+    at: dict[str, int] = defaultdict(int)
+    pairs_at: dict[str, int] = defaultdict(int)
+    for a, b, n in got:
+        assert n >= 1
+        assert n <= max(1, min(nics[a], nics[b]))
+        for p in (a, b):
+            at[p] += n
+            pairs_at[p] += 1
+    for p, n in at.items():
+        assert n <= uplinks[p] + pairs_at[p]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from app.engine.cluster import preset
+from app.engine.cluster import build_cluster, preset
 from app.engine.controller import (
     ControllerConfig,
     Event,
@@ -208,16 +208,27 @@ def test_a_job_holds_the_topology_that_serves_its_whole_cycle_best() -> None:
     fits in: per-phase circuits are out of reach, yet the ring's own circuits serve the
     whole cycle faster than the topology of placement. The job moves there once (its
     wait exposed: the saving repeats every iteration, the wait does not) and holds it:
-    ring phases hit, light phases are held, nothing more is switched."""
+    ring phases hit, light phases are held, nothing more is switched. (On `small`'s 16
+    uplinks the ring's circuits are the ones placement gives it: every pod's ports go to
+    its two ring neighbours, so there is nothing to move to; with 32 there is.)"""
     pj = ring_job("h", {0: 2, 1: 1, 2: 2, 3: 2})
     ring = one_way_ring(4, 40e9)
     light = DemandMatrix.from_entries(["pod-0", "pod-2"], [("pod-0", "pod-2", 1e8)])
+    wide = build_cluster(
+        "small-32",
+        pods=4,
+        tors_per_pod=2,
+        servers_per_tor=4,
+        uplink_ports_per_pod=32,
+        oxcs=2,
+        oxc_ports=128,
+    )
     events: list[Event] = [placed(pj)]
     for k in range(40):
         t = 1.0 + 0.3 * k
         events.append(PhaseObserved("h", light, t, t + 0.005))
         events.append(PhaseObserved("h", ring, t + 0.005, t + 0.295))
-    result = replay_trace(SMALL, CONFIG, events)
+    result = replay_trace(wide, CONFIG, events)
     acc = result.accounting("h")
     assert acc.hits + acc.held + acc.misses == 80
     assert acc.hits >= 35, acc
