@@ -213,7 +213,10 @@ class FailIn(_Strict):
     exit_code: Annotated[StrictInt, Field(ge=-255, le=255)] | None = Field(
         None, description="exit status (negative: killed by that signal)"
     )
-    reason: str | None = Field(None, max_length=500, description="free text, e.g. oom")
+    # no NUL: PostgreSQL text cannot hold it (a 500 there, kept as given on SQLite)
+    reason: str | None = Field(
+        None, max_length=500, pattern=r"^[^\x00]*$", description="free text, e.g. oom"
+    )
 
 
 class JobListOut(BaseModel):
