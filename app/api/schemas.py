@@ -114,6 +114,14 @@ class JobIn(_Strict):
     )
     schedule: Schedule | None = Field(None, description=SCHEDULE_DESCRIPTION)
 
+    @field_validator("deadline", mode="before")
+    @classmethod
+    def _deadline_not_bool(cls, value: Any) -> Any:
+        # JSON true/false would pass as the number 1/0 (lax floats): a typo, not a time
+        if isinstance(value, bool):
+            raise ValueError("deadline must be epoch seconds or an RFC 3339 time")
+        return value
+
     @field_validator("deadline")
     @classmethod
     def _deadline_epoch(cls, value: float | dt.datetime | None) -> float | None:

@@ -37,6 +37,7 @@ CASES = [
     ("empty job id", {**GOOD, "job_id": ""}, 422, "body.job_id"),
     ("negative bytes", {**GOOD, "model": {"parameters": -5}}, 422, "body.model.parameters"),
     ("not an object", [1, 2], 422, "body"),
+    ("bool deadline", {**GOOD, "deadline": True}, 422, "body.deadline"),
 ]
 
 
