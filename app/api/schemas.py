@@ -234,20 +234,42 @@ class JobListOut(BaseModel):
     )
 
 
+class OxcChangeOut(BaseModel):
+    """Port pairs one OXC connects and disconnects."""
+
+    id: str = Field(description="the OXC")
+    connect: list[tuple[int, int]] = Field(description="port pairs to join")
+    disconnect: list[tuple[int, int]] = Field(description="port pairs to release")
+
+
+class RouteOut(BaseModel):
+    src: str
+    dst: str
+    path: list[str] = Field(description="pod ids the flow crosses, in order")
+
+
+class RoutingOut(BaseModel):
+    """One job's header for one phase."""
+
+    phase: str = Field(description="pp or dp")
+    algorithm: str
+    inc: bool
+    aggregators: list[str]
+    routes: list[RouteOut]
+    layer: Literal["optical", "electrical"] = Field(
+        "optical", description="`optical`: circuits; `electrical`: the cluster's electrical core"
+    )
+
+
 class DecisionOut(BaseModel):
     seq: int
     at: dt.datetime
     kind: Literal["placement", "oxc", "routing"]
     job_id: str | None
     reason: Literal["arrival", "completion", "phase", "prediction", "reconcile"]
-    placement: dict[str, Any] | None = None
-    oxc: dict[str, Any] | None = None
-    routing: dict[str, Any] | None = Field(
-        None,
-        description="one job's header for one phase: phase, algorithm, inc, aggregators, "
-        "routes (src, dst, path of pod ids) and layer (`optical`: circuits; `electrical`: "
-        "the cluster's electrical core)",
-    )
+    placement: PlacementOut | None = Field(None, description="kind placement: where it runs")
+    oxc: OxcChangeOut | None = Field(None, description="kind oxc: one switch's changes")
+    routing: RoutingOut | None = Field(None, description="kind routing: one job's header")
 
 
 class DecisionPage(BaseModel):
