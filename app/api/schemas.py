@@ -197,8 +197,16 @@ class JobOut(BaseModel):
     deadline: float | None = None
     queue_reason: str | None = Field(None, description="why a queued job waits")
     placement: PlacementOut | None = None
-    collective: CollectiveOut | None = None
-    network: NetworkOut | None = None
+    collective: CollectiveOut | None = Field(
+        None,
+        description="null until the fabric pass has planned the placed job (tens of ms after "
+        "`placed`: the 201 of POST /v1/jobs and a long-poll's answer may still carry null)",
+    )
+    network: NetworkOut | None = Field(
+        None,
+        description="placed jobs only; null until the fabric pass has planned the job, as "
+        "`collective`",
+    )
     exit_code: int | None = Field(None, description="the launcher's exit code (failed jobs)")
     end_reason: str | None = Field(
         None, description="why it failed or was cancelled, e.g. lease_expired"
