@@ -124,8 +124,15 @@ def serve(host: HostOpt = "127.0.0.1", port: PortOpt = 8080, cluster: ClusterOpt
             "port": port,
             "cluster": topology.name,
             "database": "sqlite" if settings.is_sqlite else "postgresql",
+            # one process: its parts talk in-process; Redis is for api + worker
+            "bus": "in-process",
         },
     )
+    if settings.redis_url:
+        log.warning(
+            "serve runs one process on the in-process bus; LIGHTPATH_REDIS_URL is used by "
+            "`lightpath api` and `lightpath worker` only"
+        )
     try:
         _serve_http(create_app(runtime.services), host, port, on_listening=runtime.load_solver)
     finally:
