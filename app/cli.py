@@ -311,6 +311,22 @@ def main() -> None:
         cli()
     except KeyboardInterrupt:
         sys.exit(130)
+    except Exception as exc:
+        reason = _database_unreachable(exc)
+        if reason is None:
+            raise
+        # one line, not the traceback (the driver's message never holds the password)
+        typer.echo(f"error: cannot reach the database: {reason}", err=True)
+        sys.exit(1)
+
+
+def _database_unreachable(exc: BaseException) -> str | None:
+    """The driver's first line when `exc` is the database refusing or missing; else None."""
+    sqlalchemy_exc = sys.modules.get("sqlalchemy.exc")  # loaded by whatever raised it
+    if sqlalchemy_exc is None or not isinstance(exc, sqlalchemy_exc.OperationalError):
+        return None
+    lines = str(exc.orig).strip().splitlines()
+    return lines[0] if lines else type(exc.orig).__name__
 
 
 if __name__ == "__main__":
