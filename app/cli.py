@@ -124,8 +124,15 @@ def serve(host: HostOpt = "127.0.0.1", port: PortOpt = 8080, cluster: ClusterOpt
             "port": port,
             "cluster": topology.name,
             "database": "sqlite" if settings.is_sqlite else "postgresql",
+            # one process: its parts talk in-process; Redis is for api + worker
+            "bus": "in-process",
         },
     )
+    if settings.redis_url:
+        log.warning(
+            "serve runs one process on the in-process bus; LIGHTPATH_REDIS_URL is used by "
+            "`lightpath api` and `lightpath worker` only"
+        )
     try:
         _serve_http(create_app(runtime.services), host, port, on_listening=runtime.load_solver)
     finally:
@@ -304,6 +311,22 @@ def main() -> None:
         cli()
     except KeyboardInterrupt:
         sys.exit(130)
+    except Exception as exc:
+        reason = _database_unreachable(exc)
+        if reason is None:
+            raise
+        # one line, not the traceback (the driver's message never holds the password)
+        typer.echo(f"error: cannot reach the database: {reason}", err=True)
+        sys.exit(1)
+
+
+def _database_unreachable(exc: BaseException) -> str | None:
+    """The driver's first line when `exc` is the database refusing or missing; else None."""
+    sqlalchemy_exc = sys.modules.get("sqlalchemy.exc")  # loaded by whatever raised it
+    if sqlalchemy_exc is None or not isinstance(exc, sqlalchemy_exc.OperationalError):
+        return None
+    lines = str(exc.orig).strip().splitlines()
+    return lines[0] if lines else type(exc.orig).__name__
 
 
 if __name__ == "__main__":

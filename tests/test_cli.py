@@ -49,6 +49,26 @@ def test_seed_fails_on_a_nested_pattern_where_lightpath_learns() -> None:
     assert misses["lightpath"] < misses["seed"]
 
 
+def test_an_unreachable_database_is_one_error_line_not_a_traceback() -> None:
+    # `lightpath migrate` (and serve) printed a 500-line traceback for a database that
+    # is down, named wrongly or refuses the user; the password is never printed
+    env = {
+        **os.environ,
+        "LIGHTPATH_DATABASE_URL": "postgresql://postgres:pw-not-printed@127.0.0.1:1/nowhere",
+    }
+    result = subprocess.run(
+        [sys.executable, "-m", "app.cli", "migrate"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.startswith("error: cannot reach the database: "), result.stderr
+    assert len(result.stderr.strip().splitlines()) <= 3, result.stderr
+    assert "Traceback" not in result.stderr and "pw-not-printed" not in result.stderr
+
+
 def test_unknown_algorithm_is_refused() -> None:
     result = _run("predict", "--algorithm", "oracle", "P")
     assert result.returncode == 2

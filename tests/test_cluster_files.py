@@ -43,6 +43,8 @@ def test_a_cluster_file_round_trips_through_the_api_shape(tmp_path: Path) -> Non
         (lambda d: d["pods"][0].update({"uplink_ports": 3}), "uplinks"),
         (lambda d: d.pop("pods"), "missing"),
         (lambda d: d["pods"][0].update({"electrical_gbps": -1}), "must not be negative"),
+        (lambda d: d["oxcs"][0].update({"reconfig_ms": -5}), "reconfig_ms"),
+        (lambda d: d.update({"nic_gbps": float("nan")}), "must be positive"),
     ],
 )
 def test_inconsistent_cluster_files_are_refused(tmp_path: Path, mutate, message: str) -> None:

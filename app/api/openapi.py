@@ -146,7 +146,10 @@ def _document_operation(path: str, op: dict[str, Any], schemas: dict[str, Any]) 
         op["description"] = (op.get("description", "").rstrip() + "\n\n" + note).strip()
     body = op.get("requestBody", {}).get("content", {}).get("application/json")
     if body is not None:
-        ref = body.get("schema", {}).get("$ref", "")
+        schema = body.get("schema", {})
+        # an optional body (fail's) is anyOf [the model, null]
+        refs = [schema.get("$ref", "")] + [s.get("$ref", "") for s in schema.get("anyOf", ())]
+        ref = max(refs, key=len)
         examples = schemas.get(ref.rsplit("/", 1)[-1], {}).get("examples")
         if examples:
             body["example"] = examples[0]

@@ -114,6 +114,14 @@ class JobIn(_Strict):
     )
     schedule: Schedule | None = Field(None, description=SCHEDULE_DESCRIPTION)
 
+    @field_validator("deadline", mode="before")
+    @classmethod
+    def _deadline_not_bool(cls, value: Any) -> Any:
+        # JSON true/false would pass as the number 1/0 (lax floats): a typo, not a time
+        if isinstance(value, bool):
+            raise ValueError("deadline must be epoch seconds or an RFC 3339 time")
+        return value
+
     @field_validator("deadline")
     @classmethod
     def _deadline_epoch(cls, value: float | dt.datetime | None) -> float | None:
@@ -189,8 +197,16 @@ class JobOut(BaseModel):
     deadline: float | None = None
     queue_reason: str | None = Field(None, description="why a queued job waits")
     placement: PlacementOut | None = None
-    collective: CollectiveOut | None = None
-    network: NetworkOut | None = None
+    collective: CollectiveOut | None = Field(
+        None,
+        description="null until the fabric pass has planned the placed job (tens of ms after "
+        "`placed`: the 201 of POST /v1/jobs and a long-poll's answer may still carry null)",
+    )
+    network: NetworkOut | None = Field(
+        None,
+        description="placed jobs only; null until the fabric pass has planned the job, as "
+        "`collective`",
+    )
     exit_code: int | None = Field(None, description="the launcher's exit code (failed jobs)")
     end_reason: str | None = Field(
         None, description="why it failed or was cancelled, e.g. lease_expired"
@@ -213,7 +229,10 @@ class FailIn(_Strict):
     exit_code: Annotated[StrictInt, Field(ge=-255, le=255)] | None = Field(
         None, description="exit status (negative: killed by that signal)"
     )
-    reason: str | None = Field(None, max_length=500, description="free text, e.g. oom")
+    # no NUL: PostgreSQL text cannot hold it (a 500 there, kept as given on SQLite)
+    reason: str | None = Field(
+        None, max_length=500, pattern=r"^[^\x00]*$", description="free text, e.g. oom"
+    )
 
 
 class JobListOut(BaseModel):
@@ -223,20 +242,42 @@ class JobListOut(BaseModel):
     )
 
 
+class OxcChangeOut(BaseModel):
+    """Port pairs one OXC connects and disconnects."""
+
+    id: str = Field(description="the OXC")
+    connect: list[tuple[int, int]] = Field(description="port pairs to join")
+    disconnect: list[tuple[int, int]] = Field(description="port pairs to release")
+
+
+class RouteOut(BaseModel):
+    src: str
+    dst: str
+    path: list[str] = Field(description="pod ids the flow crosses, in order")
+
+
+class RoutingOut(BaseModel):
+    """One job's header for one phase."""
+
+    phase: str = Field(description="pp or dp")
+    algorithm: str
+    inc: bool
+    aggregators: list[str]
+    routes: list[RouteOut]
+    layer: Literal["optical", "electrical"] = Field(
+        "optical", description="`optical`: circuits; `electrical`: the cluster's electrical core"
+    )
+
+
 class DecisionOut(BaseModel):
     seq: int
     at: dt.datetime
     kind: Literal["placement", "oxc", "routing"]
     job_id: str | None
     reason: Literal["arrival", "completion", "phase", "prediction", "reconcile"]
-    placement: dict[str, Any] | None = None
-    oxc: dict[str, Any] | None = None
-    routing: dict[str, Any] | None = Field(
-        None,
-        description="one job's header for one phase: phase, algorithm, inc, aggregators, "
-        "routes (src, dst, path of pod ids) and layer (`optical`: circuits; `electrical`: "
-        "the cluster's electrical core)",
-    )
+    placement: PlacementOut | None = Field(None, description="kind placement: where it runs")
+    oxc: OxcChangeOut | None = Field(None, description="kind oxc: one switch's changes")
+    routing: RoutingOut | None = Field(None, description="kind routing: one job's header")
 
 
 class DecisionPage(BaseModel):

@@ -49,7 +49,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from .circuits import PodCircuits
@@ -498,8 +498,13 @@ def allocate_ports(
     cluster: Cluster,
     demands: Sequence[JobDemand],
     previous: PortAllocation | None = None,
+    grown_pods: Collection[str] = (),
 ) -> PortAllocation:
-    """Every job's circuits, mode and expected slowdown (see module doc)."""
+    """Every job's circuits, mode and expected slowdown (see module doc).
+
+    `grown_pods`: pods whose usable uplinks grew since `previous` (failed ports back),
+    where jobs may grow as on pods a job left.
+    """
     electrical_gbps = {p.id: p.electrical_gbps for p in cluster.pods}
     port_bps = cluster.nic_gbps * 1e9 / 8
     reconfig_s = cluster.reconfig_ms / 1000.0
@@ -701,6 +706,7 @@ def allocate_ports(
     # (only on the pods of jobs that came or went, so jobs elsewhere stay as they are)
     present = {d.job_id for d in demands}
     changed_pods = {p for d in order if d.job_id not in prev_jobs for p in d.pods}
+    changed_pods.update(grown_pods)
     for gone in prev_jobs.values():
         if gone.job_id not in present:
             changed_pods.update(p for _, p, _ in gone.oxc_ports)

@@ -7,6 +7,7 @@ files and turn them into these values with `cluster_from_dict`.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from functools import cached_property
@@ -279,8 +280,10 @@ def cluster_from_dict(data: Mapping[str, Any], name: str = "custom") -> Cluster:
         )
     except (KeyError, TypeError) as exc:
         raise ValueError(f"cluster description is missing or mistypes a field: {exc}") from exc
-    if gpus <= 0 or nic <= 0:
+    if gpus <= 0 or not 0 < nic < math.inf:  # NaN fails too
         raise ValueError("gpus_per_server and nic_gbps must be positive")
+    if any(not 0 <= o.reconfig_ms < math.inf for o in oxcs):
+        raise ValueError("an OXC's reconfig_ms must be a finite number >= 0")
     if any(p.electrical_gbps < 0 or p.aggregator_gbps < 0 for p in pods):
         raise ValueError("a pod's aggregator_gbps and electrical_gbps must not be negative")
     gpu_model = str(data.get("gpu_model", "a100")).lower()

@@ -37,6 +37,7 @@ Redis or pydantic imports.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -318,20 +319,31 @@ def step(state: ControllerState, event: Event) -> tuple[ControllerState, tuple[D
 def _ports_changed(
     state: ControllerState, e: PortsChanged
 ) -> tuple[ControllerState, tuple[Decision, ...]]:
-    """Jobs with a circuit on a failed port are planned afresh on the ports left."""
+    """Jobs with a circuit on a failed port are planned afresh on the ports left.
+
+    Only the cross-connects on failed ports are dropped: the re-planned jobs' others stay
+    current, so the mapping keeps them (SPEC 4.3: change as few as possible) rather than
+    switching every circuit of the job on that OXC to the lowest free ports.
+    """
     usable = set(port_pods(e.cluster))
-    lost = {
-        cc.job_id
+    on_failed = {
+        cc
         for cc in state.desired
         if (cc.oxc_id, cc.port_a) not in usable or (cc.oxc_id, cc.port_b) not in usable
     }
+    lost = {cc.job_id for cc in on_failed}
     fabric = state.fabric
     if fabric is not None and lost:
         fabric = replace(fabric, jobs=tuple(j for j in fabric.jobs if j.job_id not in lost))
     before = state.desired
-    kept = tuple(cc for cc in state.desired if cc.job_id not in lost)
+    kept = tuple(cc for cc in state.desired if cc not in on_failed)
+    # pods with ports back (light restored): jobs there may grow into them again
+    was = Counter(port_pods(state.cluster).values())
+    grown = {pod for pod, n in Counter(port_pods(e.cluster).values()).items() if n > was[pod]}
     state = replace(state, cluster=e.cluster, fabric=fabric, desired=kept)
-    return _reallocate(state, state.jobs, "reconcile", e.at_s, grow=True, before_desired=before)
+    return _reallocate(
+        state, state.jobs, "reconcile", e.at_s, grow=True, before_desired=before, grown=grown
+    )
 
 
 # ------------------------------------------------------------------ allocation
@@ -415,6 +427,7 @@ def _reallocate(
     grow: bool,
     before_desired: tuple[CrossConnect, ...] | None = None,
     freed: Collection[str] | None = None,
+    grown: Collection[str] = (),
 ) -> tuple[ControllerState, tuple[Decision, ...]]:
     cluster = state.cluster
     previous = state.fabric
@@ -425,7 +438,7 @@ def _reallocate(
     ]
     before_alloc = state.allocation
     allocation = allocate_ports(
-        cluster, demands, previous=before_alloc if before_alloc.jobs else None
+        cluster, demands, previous=before_alloc if before_alloc.jobs else None, grown_pods=grown
     )
     changed_alloc = {
         ja.job_id

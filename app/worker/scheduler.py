@@ -43,9 +43,11 @@ def queue_reasons(cluster: Cluster, snapshot: Snapshot, admission: Admission) ->
         if job.job_id in placed:
             continue
         if job.job_id == admission.reserved_for:
+            ep = job.parallelism.ep
+            groups = f" in EP groups of {ep} servers inside a pod" if ep > 1 else ""
             reasons[job.job_id] = (
-                f"head of the queue: needs {job.servers_needed} servers in whole-ToR EP "
-                f"groups, {free} free; {len(admission.reserved_servers)} servers reserved"
+                f"head of the queue: needs {job.servers_needed} servers{groups}, {free} free; "
+                f"{len(admission.reserved_servers)} servers reserved"
             )
         elif admission.reserved_for is not None:
             reasons[job.job_id] = (

@@ -37,6 +37,7 @@ CASES = [
     ("empty job id", {**GOOD, "job_id": ""}, 422, "body.job_id"),
     ("negative bytes", {**GOOD, "model": {"parameters": -5}}, 422, "body.model.parameters"),
     ("not an object", [1, 2], 422, "body"),
+    ("bool deadline", {**GOOD, "deadline": True}, 422, "body.deadline"),
 ]
 
 
@@ -108,6 +109,20 @@ def test_bad_query_parameters_are_422(server: LiveServer) -> None:
         assert r.status_code == 422
         r = c.get("/v1/jobs/ok", params={"wait_for": "exploded"})
         assert r.status_code == 422
+
+
+def test_a_fail_reason_with_a_nul_is_422_on_every_database(server: LiveServer) -> None:
+    # PostgreSQL text cannot hold NUL: stored as given it was a 500 there (and kept on SQLite)
+    with server.client() as c:
+        assert c.post("/v1/jobs", json=GOOD).status_code == 201
+        r = c.post("/v1/jobs/ok/fail", json={"exit_code": 1, "reason": "oom\u0000"})
+        assert r.status_code == 422, r.text
+        assert r.headers["content-type"] == "application/problem+json"
+        assert "body.reason" in [e["field"] for e in r.json()["errors"]]
+        assert c.get("/v1/jobs/ok").json()["state"] == "placed"
+        r = c.post("/v1/jobs/ok/fail", json={"exit_code": 1, "reason": "oom \u00fc\U0001f4a5"})
+        assert r.status_code == 200, r.text
+        assert r.json()["end_reason"] == "oom \u00fc\U0001f4a5"
 
 
 def test_unknown_route_and_method_are_problems(server: LiveServer) -> None:

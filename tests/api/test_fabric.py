@@ -8,6 +8,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from app.engine.cluster import cluster_to_dict
 from app.settings import Settings
 from tests.support import LiveServer, narrow_cluster
@@ -144,6 +146,70 @@ def test_a_failed_port_moves_the_circuit(server: LiveServer) -> None:
             )
 
         eventually(moved)
+
+
+@pytest.mark.parametrize("dp", [8, 6])
+def test_a_failed_port_rewires_only_the_circuit_on_it(server: LiveServer, dp: int) -> None:
+    """SPEC 4.3: cross-connects change as little as possible. A failed port used to drop
+    every cross-connect of the job on it and map the job afresh from the lowest ports,
+    so the job's healthy circuits on that OXC were all switched (no traffic meanwhile)."""
+    with server.client() as c:
+        c.post("/v1/jobs", json={"job_id": "j", "parallelism": {"dp": dp, "pp": 2}})
+        eventually(lambda: _cross_connects(c.get("/v1/topology").json(), "j"))
+        eventually(lambda: "desired" not in c.get("/v1/topology").json())
+        before = _cross_connects(c.get("/v1/topology").json(), "j")
+        oxc_id, port, other = sorted(before)[0]
+        assert server.runtime is not None
+        server.runtime.services.southbound.switches[oxc_id].fail_port(port)
+        server.runtime.controller.kick()
+
+        def settled() -> bool:
+            topo = c.get("/v1/topology").json()
+            return "desired" not in topo and port in topo["failed_ports"].get(oxc_id, [])
+
+        eventually(settled)
+        eventually(
+            lambda: (oxc_id, port, other) not in _cross_connects(c.get("/v1/topology").json(), "j")
+        )
+        after = _cross_connects(c.get("/v1/topology").json(), "j")
+        assert before - after == {(oxc_id, port, other)}, (sorted(before), sorted(after))
+        assert len(after - before) <= 1
+
+
+def test_a_restored_port_gives_the_job_its_circuit_back(server: LiveServer) -> None:
+    """Light back on a failed port: the job that lost a circuit there grows back to what
+    it held (it stayed one circuit short until some other job came or went on its pods)."""
+    model = {"parameters": 7e9, "activation_bytes": 5e7, "microbatches": 8}
+    with server.client() as c:
+        for job_id, dp, pp in (("j", 8, 2), ("k", 4, 3), ("m", 2, 2)):
+            body = {"job_id": job_id, "parallelism": {"dp": dp, "pp": pp}, "model": model}
+            assert c.post("/v1/jobs", json=body).status_code == 201
+        eventually(lambda: _cross_connects(c.get("/v1/topology").json(), "j"))
+        eventually(lambda: "desired" not in c.get("/v1/topology").json())
+        before = _cross_connects(c.get("/v1/topology").json(), "j")
+        oxc_id, port, _ = sorted(before)[-1]
+        assert server.runtime is not None
+        switch = server.runtime.services.southbound.switches[oxc_id]
+        switch.fail_port(port)
+        server.runtime.controller.kick()
+
+        def one_short() -> bool:
+            topo = c.get("/v1/topology").json()
+            return (
+                "desired" not in topo
+                and port in topo["failed_ports"].get(oxc_id, [])
+                and len(_cross_connects(topo, "j")) == len(before) - 1
+            )
+
+        eventually(one_short)
+        switch.restore_port(port)
+        server.runtime.controller.kick()
+
+        def whole_again() -> bool:
+            topo = c.get("/v1/topology").json()
+            return "desired" not in topo and len(_cross_connects(topo, "j")) == len(before)
+
+        eventually(whole_again)
 
 
 def test_jobs_short_of_ports_use_a_clusters_electrical_core(

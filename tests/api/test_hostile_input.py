@@ -56,6 +56,19 @@ def test_an_idempotency_key_reused_with_another_batch_is_409(server: LiveServer)
         assert c.post("/v1/traffic", json=_batch(pair, 3e9)).json()["last_seq"] == 2
 
 
+def test_an_empty_idempotency_key_is_refused_not_stored(server: LiveServer) -> None:
+    # an empty key was stored like any other: the next batch sent with an empty header
+    # (an unset template variable, say) was a 409 for a key nobody chose
+    pair = ["pod-0/tor-0/srv-0", "pod-1/tor-0/srv-0"]
+    with server.client() as c:
+        for size in (1e9, 2e9):
+            r = c.post("/v1/traffic", json=_batch(pair, size), headers={"Idempotency-Key": ""})
+            assert r.status_code == 422, r.text
+            assert r.headers["content-type"].startswith("application/problem+json")
+            assert "header.idempotency-key" in [e["field"] for e in r.json()["errors"]]
+        assert c.post("/v1/traffic", json=_batch(pair, 3e9)).json()["last_seq"] == 1
+
+
 @pytest.mark.postgres
 @pytest.mark.parametrize("database_url", ["postgres"], indirect=True)
 def test_concurrent_completes_answer_one_completion(server: LiveServer) -> None:

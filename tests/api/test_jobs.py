@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures as cf
+import time
 from typing import Any
 
 import pytest
@@ -82,6 +83,31 @@ def test_a_job_left_queued_gets_202_when_its_pass_commits_not_after_the_admit_wa
             assert max(took) < 1.5, f"a queued job waited {max(took):.2f} s for its 202"
     finally:
         live.stop()
+
+
+def test_the_head_of_the_queue_says_what_it_needs_in_its_own_terms(server: LiveServer) -> None:
+    # the head's reason spoke of "whole-ToR EP groups" for every job, ep=1 included, and EP
+    # groups may span a pod's ToRs anyway
+    with server.client() as c:
+        assert c.post("/v1/jobs", json=job("big", dp=16, pp=2)).status_code == 201
+
+        def head_reason(job_id: str) -> str:
+            for _ in range(100):
+                reason = c.get(f"/v1/jobs/{job_id}").json()["queue_reason"] or ""
+                if reason.startswith("head of the queue"):
+                    return str(reason)
+                time.sleep(0.05)
+            raise AssertionError(f"{job_id} never became the head: {reason}")
+
+        assert c.post("/v1/jobs", json=job("dense", dp=2, pp=1)).status_code == 202
+        reason = head_reason("dense")
+        assert reason.startswith("head of the queue: needs 2 servers, 0 free"), reason
+        assert "EP" not in reason
+        c.delete("/v1/jobs/dense")
+        body = {"job_id": "moe", "parallelism": {"dp": 1, "pp": 2, "ep": 4}}
+        assert c.post("/v1/jobs", json=body).status_code == 202
+        reason = head_reason("moe")
+        assert "EP groups of 4 servers inside a pod" in reason, reason
 
 
 def test_full_cluster_queues_then_admits_on_completion(server: LiveServer) -> None:

@@ -96,6 +96,18 @@ def test_fail_records_the_exit_code_and_frees_servers(server: LiveServer) -> Non
         )
 
 
+def test_fail_takes_no_body_as_well(server: LiveServer) -> None:
+    # exit_code and reason are both optional, so the body is too (as heartbeat's)
+    with server.client() as c:
+        assert c.post("/v1/jobs", json=job("a")).status_code == 201
+        failed = c.post("/v1/jobs/a/fail")
+        assert failed.status_code == 200, failed.text
+        body = failed.json()
+        assert (body["state"], body["exit_code"], body["end_reason"]) == ("failed", None, None)
+        assert free_servers(c) == SMALL_SERVERS
+        assert c.post("/v1/jobs/a/fail").json() == body
+
+
 def test_a_queued_job_cannot_complete(server: LiveServer) -> None:
     with server.client() as c:
         assert c.post("/v1/jobs", json=job("big", dp=16, pp=2)).status_code == 201

@@ -249,3 +249,26 @@ def test_answers_match_their_documented_schemas(doc: dict[str, Any], server: Liv
             "/readyz",
         ):
             assert call("get", path).status_code == 200, path
+
+
+def _properties(doc: dict[str, Any], schema: dict[str, Any]) -> dict[str, Any]:
+    """The properties of an object schema, through $ref, anyOf (nullable) and array items."""
+    if "$ref" in schema:
+        schema = doc["components"]["schemas"][schema["$ref"].rsplit("/", 1)[-1]]
+    for option in schema.get("anyOf", ()):
+        if option.get("type") != "null":
+            return _properties(doc, option)
+    if schema.get("type") == "array":
+        return _properties(doc, schema["items"])
+    return dict(schema.get("properties", {}))
+
+
+def test_decision_payloads_document_the_fields_the_contract_names(doc: dict[str, Any]) -> None:
+    """API.md names the fields of a decision's `oxc` and `routing` objects; the document
+    showed both as free-form objects (an untyped dict), so a generated client knew none."""
+    decision = doc["components"]["schemas"]["DecisionOut"]["properties"]
+    assert {"id", "connect", "disconnect"} <= set(_properties(doc, decision["oxc"]))
+    routing = _properties(doc, decision["routing"])
+    assert {"phase", "algorithm", "inc", "aggregators", "routes", "layer"} <= set(routing)
+    assert {"src", "dst", "path"} <= set(_properties(doc, routing["routes"]))
+    assert {"units", "reason"} <= set(_properties(doc, decision["placement"]))

@@ -18,7 +18,7 @@ from functools import partial
 from typing import Annotated, Any, Literal
 from urllib.parse import quote
 
-from fastapi import APIRouter, Path, Query, Request
+from fastapi import APIRouter, Body, Path, Query, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
@@ -426,13 +426,14 @@ async def cancel_job(
 )
 async def fail_job(
     job_id: JobIdPath,
-    body: FailIn,
     request: Request,
     services: ServicesDep,
     scope: Annotated[Any, require("launcher")],
+    body: Annotated[FailIn | None, Body()] = None,
 ) -> JSONResponse:
-    """State `failed` with the exit code and reason; resources freed. Idempotent (the first
-    exit code and reason stay)."""
+    """State `failed` with the exit code and reason (both optional, the body too); resources
+    freed. Idempotent (the first exit code and reason stay)."""
+    body = body or FailIn()
     return await _end(
         services,
         request,

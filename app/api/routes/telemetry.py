@@ -124,6 +124,7 @@ async def report_traffic(
     idempotency_key: Annotated[
         str | None,
         Header(
+            min_length=1,
             max_length=200,
             description="retrying a batch with the same key returns the first answer "
             "instead of storing the reports twice",
