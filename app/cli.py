@@ -106,7 +106,8 @@ def _serve_http(
 
 @cli.command()
 def serve(host: HostOpt = "127.0.0.1", port: PortOpt = 8080, cluster: ClusterOpt = None) -> None:
-    """API + worker + mock optical switches in one process (the embedded default)."""
+    """API + worker + mock optical switches in one process (SQLite and an in-process bus
+    unless LIGHTPATH_DATABASE_URL / LIGHTPATH_REDIS_URL are set)."""
     settings = _settings(cluster)
     _refuse_open_bind(settings, host)
     topology = _load_cluster(settings)
@@ -124,15 +125,9 @@ def serve(host: HostOpt = "127.0.0.1", port: PortOpt = 8080, cluster: ClusterOpt
             "port": port,
             "cluster": topology.name,
             "database": "sqlite" if settings.is_sqlite else "postgresql",
-            # one process: its parts talk in-process; Redis is for api + worker
-            "bus": "in-process",
+            "bus": "redis-streams" if settings.redis_url else "in-process",
         },
     )
-    if settings.redis_url:
-        log.warning(
-            "serve runs one process on the in-process bus; LIGHTPATH_REDIS_URL is used by "
-            "`lightpath api` and `lightpath worker` only"
-        )
     try:
         _serve_http(create_app(runtime.services), host, port, on_listening=runtime.load_solver)
     finally:

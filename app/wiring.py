@@ -152,15 +152,21 @@ def _wake_worker_after_ingest(runtime: Runtime, settings: Settings, bus: Any) ->
 
 
 def build_runtime(settings: Settings, cluster: Cluster, *, with_worker: bool = True) -> Runtime:
-    """The embedded default: one process with API services, relay, worker and switches."""
+    """`lightpath serve`: one process with API services, relay, worker and switches.
+
+    Its parts talk over the in-process bus, or over Redis Streams when
+    LIGHTPATH_REDIS_URL is set (the database is whichever is configured).
+    """
     store = build_store(settings)
-    bus = InProcessBus()
+    bus = build_bus(settings)
     services = _api_services(settings, cluster, store, bus)
     relay = OutboxRelay(store, bus.publish)
     services.kick_relay = relay.kick
     services.direct_sender = relay.direct_sender
     runtime = Runtime(services, relay)
     _wake_worker_after_ingest(runtime, settings, bus)
+    if settings.redis_url:
+        runtime.closers.append(bus.close)
     if with_worker:
         driver = build_driver(settings, cluster)
         services.southbound = driver

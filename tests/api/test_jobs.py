@@ -307,3 +307,33 @@ def test_a_job_too_big_for_the_free_servers_gets_202_without_waiting_for_a_pass(
             assert time.monotonic() - start >= 1.4
     finally:
         live.stop()
+
+
+@pytest.mark.redis
+def test_serve_talks_over_redis_streams_when_redis_is_configured(
+    database_url: str, redis_url: str, prefix: str, admin: Any
+) -> None:
+    """With LIGHTPATH_REDIS_URL set, `serve`'s parts meet on the Redis stream, not in process:
+    a job is placed through it and the stream's consumer group has read its entries."""
+    settings = Settings(
+        database_url=database_url,
+        cluster="small",
+        admit_wait_s=5.0,
+        worker_tick_s=30.0,  # a tick would place it without the stream
+        redis_url=redis_url,
+        redis_prefix=prefix,
+    )
+    live = LiveServer(settings)
+    live.start()
+    try:
+        with live.client() as c:
+            r = c.post(
+                "/v1/jobs", json={"job_id": "via-redis", "parallelism": {"dp": 2, "pp": 1, "ep": 1}}
+            )
+            assert r.status_code == 201, r.text
+            assert r.json()["state"] == "placed"
+        groups = admin.xinfo_groups(f"{prefix}:commands")
+        assert [g["name"] for g in groups] == [b"workers"]
+        assert groups[0]["entries-read"] >= 1
+    finally:
+        live.stop()
