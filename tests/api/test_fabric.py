@@ -125,14 +125,19 @@ def test_a_single_pod_arrival_writes_no_oxc_decision_for_another_job(server: Liv
         assert not [d for d in after["decisions"] if d["kind"] == "oxc"]
 
 
+def _fail_port(server: LiveServer, oxc_id: str, port: int) -> None:
+    """Fail `port` on the mock switch and wake the switch controller to notice."""
+    assert server.runtime is not None and server.runtime.controller is not None
+    server.runtime.services.southbound.switches[oxc_id].fail_port(port)
+    server.runtime.controller.kick()
+
+
 def test_a_failed_port_moves_the_circuit(server: LiveServer) -> None:
     with server.client() as c:
         c.post("/v1/jobs", json={"job_id": "j", "parallelism": {"dp": 6, "pp": 2}})
         mine = eventually(lambda: _cross_connects(c.get("/v1/topology").json(), "j"))
         oxc_id, port, _ = sorted(mine)[0]
-        assert server.runtime is not None
-        server.runtime.services.southbound.switches[oxc_id].fail_port(port)
-        server.runtime.controller.kick()
+        _fail_port(server, oxc_id, port)
 
         def moved() -> bool:
             topo = c.get("/v1/topology").json()
@@ -159,9 +164,7 @@ def test_a_failed_port_rewires_only_the_circuit_on_it(server: LiveServer, dp: in
         eventually(lambda: "desired" not in c.get("/v1/topology").json())
         before = _cross_connects(c.get("/v1/topology").json(), "j")
         oxc_id, port, other = sorted(before)[0]
-        assert server.runtime is not None
-        server.runtime.services.southbound.switches[oxc_id].fail_port(port)
-        server.runtime.controller.kick()
+        _fail_port(server, oxc_id, port)
 
         def settled() -> bool:
             topo = c.get("/v1/topology").json()
