@@ -80,6 +80,16 @@ def variant(
     )
 
 
+def check_uplinks(ap: argparse.ArgumentParser, uplinks: int | None) -> None:
+    """A usage error for an uplink count the OXCs cannot split evenly."""
+    if uplinks is None:
+        return
+    try:
+        variant(None, uplinks)
+    except ValueError as exc:
+        ap.error(f"--uplinks {uplinks}: {exc}")
+
+
 def run_family(
     family: str,
     latencies: list[float],
@@ -249,11 +259,7 @@ def main() -> int:
     )
     ap.add_argument("extra", nargs="*", help="with --merge: more result directories")
     args = ap.parse_args()
-    if args.uplinks is not None:
-        try:
-            variant(None, args.uplinks)
-        except ValueError as exc:
-            ap.error(f"--uplinks {args.uplinks}: {exc}")
+    check_uplinks(ap, args.uplinks)
     out = Path(args.out)
     console = Console(width=200)
     if args.merge:

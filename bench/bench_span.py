@@ -29,7 +29,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_evaluation import GENERATION_SEED, LOAD, variant  # noqa: E402
+from bench_evaluation import GENERATION_SEED, LOAD, check_uplinks, variant  # noqa: E402
 
 from app.engine.cluster import preset  # noqa: E402
 from app.engine.job import Job, Placement  # noqa: E402
@@ -77,10 +77,7 @@ def main() -> int:
     ap.add_argument("--jobs", type=int, default=160)
     ap.add_argument("--policies", default="spray-same-cost,lightpath")
     args = ap.parse_args()
-    try:
-        variant(None, args.uplinks)
-    except ValueError as exc:
-        ap.error(f"--uplinks {args.uplinks}: {exc}")
+    check_uplinks(ap, args.uplinks)
     gpu = FAMILY_GPU.get(args.family)
     workload = generate(
         args.family, preset("seed-15k"), load=LOAD, jobs=args.jobs, seed=GENERATION_SEED
