@@ -278,7 +278,7 @@ def workload_from_trace(
 
 @workload_cli.command("generate")
 def workload_generate(
-    family: Annotated[str, typer.Option(help="dense|bigspan|moe|comm-heavy")],
+    family: Annotated[str, typer.Option(help="dense|bigspan|moe|comm-heavy|fleet|fleet-stress")],
     out: Annotated[str, typer.Option(help="workload JSON Lines to write")],
     load: Annotated[float, typer.Option(help="offered load (1 = the cluster's servers)")] = 1.0,
     jobs: Annotated[int, typer.Option(help="number of jobs")] = 160,

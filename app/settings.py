@@ -12,6 +12,7 @@ from typing import Literal
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from app.engine.placement import OPTICAL_EXTRA_PODS
 from app.engine.queue import QueuePolicy
 
 SCOPES = ("launcher", "telemetry", "operator")
@@ -41,6 +42,12 @@ class Settings(BaseSettings):
     cluster: str = "small"
     queue_policy: QueuePolicy = QueuePolicy.FIFO
     backfill: bool = True
+    max_extra_pods: int | None = Field(
+        OPTICAL_EXTRA_PODS,
+        ge=0,
+        description="a job waits rather than span more pods than this beyond the fewest its "
+        "EP groups need (each pod a ring passes through takes circuits); `none`: no limit",
+    )
     reconfig_ms: float = Field(25.0, ge=0)
     mock_fault_rate: float = Field(0.0, ge=0, le=1)
     mock_fault_seed: int = 0
@@ -110,6 +117,14 @@ class Settings(BaseSettings):
     worker_metrics_port: int = Field(9100, ge=0, le=65535)
     gpu_memory_bytes: float = Field(80 * 1024**3, gt=0)
     default_zero_stage: int = Field(1, ge=0, le=3)
+
+    @field_validator("max_extra_pods", mode="before")
+    @classmethod
+    def _no_limit(cls, value: object) -> object:
+        """`none` (or empty) lifts the limit."""
+        if isinstance(value, str) and value.strip().lower() in ("", "none"):
+            return None
+        return value
 
     @field_validator("database_url")
     @classmethod

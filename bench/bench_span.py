@@ -24,7 +24,6 @@ import os
 import sys
 from collections import defaultdict
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -32,34 +31,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_evaluation import GENERATION_SEED, LOAD, check_uplinks, variant  # noqa: E402
 
 from app.engine.cluster import preset  # noqa: E402
-from app.engine.job import Job, Placement  # noqa: E402
 from app.sim.families import FAMILY_GPU, generate, jitter  # noqa: E402
 from app.sim.policies import ELECTRICAL  # noqa: E402
-from app.sim.simulator import SimResult, Simulation  # noqa: E402
+from app.sim.simulator import SimResult, simulate  # noqa: E402
 
 
-class SpanRecording(Simulation):
-    """The simulation, noting the pods each job's placement spans when it starts."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.pods_spanned: dict[str, int] = {}
-
-    def _start(self, at: float, job: Job, placement: Placement) -> None:
-        self.pods_spanned[job.job_id] = len(
-            {self.cluster.server(s).pod_id for s in placement.servers}
-        )
-        super()._start(at, job, placement)
-
-
-def lost_by_span(result: SimResult, spans: dict[str, int], per_pod: int) -> dict[int, list[float]]:
+def lost_by_span(result: SimResult, per_pod: int) -> dict[int, list[float]]:
     """extra pods -> [jobs, server-seconds run, server-seconds lost to slowdown]."""
     out: dict[int, list[float]] = defaultdict(lambda: [0, 0.0, 0.0])
     for j in result.jobs:
         slowdown = j.slowdown
         if slowdown is None or j.start_s is None or j.end_s is None:
             continue
-        extra = spans[j.job_id] - math.ceil(j.servers / per_pod)
+        extra = j.pods - math.ceil(j.servers / per_pod)
         ran = (j.end_s - j.start_s) * j.servers
         row = out[extra]
         row[0] += 1
@@ -92,7 +76,7 @@ def main() -> int:
         merged: dict[int, list[float]] = defaultdict(lambda: [0, 0.0, 0.0])
         for k, w in enumerate(copies):
             print(f"{policy}: seed {k + 1}/{len(copies)}", file=sys.stderr)
-            sim = SpanRecording(
+            result = simulate(
                 cluster,
                 w,
                 policy,
@@ -100,8 +84,7 @@ def main() -> int:
                 reconfig_ms=None if electrical else args.latency,
                 gpu=gpu,
             )
-            result = sim.run()
-            for extra, row in lost_by_span(result, sim.pods_spanned, per_pod).items():
+            for extra, row in lost_by_span(result, per_pod).items():
                 for i, v in enumerate(row):
                     merged[extra][i] += v
         totals[policy] = merged

@@ -52,6 +52,20 @@ NEVER_TOO_MANY_SERVERS = "needs more servers than the cluster has"
 NEVER_EP_WIDER_THAN_POD = "an EP group needs more servers than any pod holds"
 NEVER_TOO_MANY_EP_GROUPS = "the cluster's pods cannot hold that many EP groups at once"
 NOT_NOW_BUSY = "not enough free servers for whole EP groups inside pods right now"
+NOT_NOW_SPREAD = (
+    "the free servers would spread it over more pods than it needs, where uplinks are "
+    "taken; waits for a compact layout"
+)
+# On an optical fabric a job spans at most this many pods beyond the fewest its EP
+# groups need (`max_extra_pods`) unless every pod of the layout has the free uplinks
+# its circuits want there (`allocation.job_demand`): a ring through a pod needs a
+# server's worth of circuits in and out, so a job scattered by fragmentation over
+# pods whose uplinks are taken gets starved circuits for life, and takes ports that
+# compact jobs would use. Measured at 300+ running jobs on seed-15k
+# (bench/bench_scale.py, README "At scale"): with ports short, waiting gains up to
+# 1.7 points of utilisation; with ports free, spreading costs nothing and nobody waits.
+OPTICAL_EXTRA_PODS = 1
+SMALL_JOB_SHARE = 4
 EP_SPANS_TORS = "EP group(s) span ToRs of one pod (its electrical Clos carries the all-to-all)"
 
 # Grant holder standing for every other job in the ledger built from free capacity.
@@ -97,6 +111,18 @@ def never_fits(cluster: Cluster, job: Job) -> tuple[str, ...]:
     return tuple(reasons)
 
 
+def fewest_pods(cluster: Cluster, job: Job) -> int:
+    """Pods the job spans at the least: its EP groups over the pods that hold most."""
+    ep = job.parallelism.ep
+    need = job.parallelism.dp * job.parallelism.pp
+    held = 0
+    for n, pod in enumerate(sorted((len(p.servers) // ep for p in cluster.pods), reverse=True)):
+        held += pod
+        if held >= need:
+            return n + 1
+    return len(cluster.pods)
+
+
 def uplinks_free(cluster: Cluster, held: Mapping[str, float]) -> dict[str, int]:
     """`ports_free` for `place_job`: each pod's uplinks less what jobs' isolated slices
     hold there (`held`, pod id -> ports: the sum of their `network.pod_ports`)."""
@@ -112,6 +138,7 @@ def place_job(
     *,
     aggregator_free_gbps: Mapping[str, float] | None = None,
     ports_free: Mapping[str, int] | None = None,
+    max_extra_pods: int | None = None,
 ) -> Placement | Unplaceable:
     """Place every unit of `job` on distinct servers from `free`, or say why not.
 
@@ -121,7 +148,10 @@ def place_job(
     uplink ports no other job's slice holds (default: all of them): a job that
     spans pods prefers pods with free uplinks and is estimated on the circuits
     it would really get there; a job inside one pod prefers pods whose uplinks
-    are taken, leaving free ones to jobs that need them.
+    are taken, leaving free ones to jobs that need them. `max_extra_pods`: a job
+    whose layout spans more pods than that beyond the fewest its EP groups need
+    (`fewest_pods`) waits (`NOT_NOW_SPREAD`) when some pod of it has fewer free
+    uplinks than its circuits want there; None places it wherever servers are free.
     """
     reasons = never_fits(cluster, job)
     if reasons:
@@ -134,6 +164,7 @@ def place_job(
     slots = _choose_slots(cluster, free, job, agg, ports)
     if slots is None:
         return Unplaceable(job.job_id, (NOT_NOW_BUSY,))
+    pods = len({s.pod_id for s in slots})
     # every candidate layout uses the same servers: look their pods and ToRs up once
     pod_of = {s: slot.pod_id for slot in slots for s in slot.servers}
     tor_of = {s: cluster.server(s).tor_id for s in pod_of}
@@ -151,12 +182,32 @@ def place_job(
         key=lambda c: (c[0].total_s > fastest * 1.001, _straddling(tor_of, c[1]), c[2]),
     )
     best = (chosen[0], chosen[1])
-    pods = len({s.pod_id for s in slots})
+    if (
+        max_extra_pods is not None
+        and job.parallelism.servers * SMALL_JOB_SHARE <= max(len(p.servers) for p in cluster.pods)
+        and pods > fewest_pods(cluster, job) + max_extra_pods
+        and _ports_short(cluster, job, best[1], ports)
+    ):
+        return Unplaceable(job.job_id, (NOT_NOW_SPREAD,))
     tors = len(set(tor_of.values()))
     reason = _reason(best[0], estimates, pods, tors)
     if any(not s.tor_id for s in slots):
         reason += "; " + EP_SPANS_TORS
     return Placement(job.job_id, tuple(best[1]), reason=reason)
+
+
+def _ports_short(
+    cluster: Cluster, job: Job, units: Sequence[Unit], ports: Mapping[str, int]
+) -> bool:
+    """Some pod of the layout has fewer free uplinks than the job's circuits want there."""
+    from .allocation import job_demand  # the allocation's own measure of what it needs
+
+    demand = job_demand(cluster, job, Placement(job.job_id, tuple(units)))
+    need: dict[str, int] = {}
+    for a, b, circuits in demand.pair_ports:
+        need[a] = need.get(a, 0) + circuits
+        need[b] = need.get(b, 0) + circuits
+    return any(ports.get(pod, 0) < n for pod, n in need.items())
 
 
 # --- step 1: slots -------------------------------------------------------------------

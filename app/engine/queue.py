@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping, Sequence, Set
 from dataclasses import dataclass
 from enum import StrEnum
 
-from .cluster import Cluster
+from .cluster import Cluster, Tor
 from .job import Job, Placement, Unplaceable
 from .placement import place_job
 
@@ -73,8 +73,10 @@ PlaceFn = Callable[[Cluster, Set[str], Job], Placement | Unplaceable]
 def reserve_for(cluster: Cluster, free: Set[str], job: Job) -> frozenset[str]:
     """Servers held for the blocked head `job`: exactly its EP slots, fullest ToRs first.
 
-    The head takes ToRs with the most free servers (fewest running jobs to wait
-    for), ToRs of the emptiest pods first (fewer pods, fewer circuits). In each
+    A head that one ToR holds takes the ToR with the most free servers (fewest
+    running jobs to wait for); a head that needs several takes them pod by pod,
+    emptiest pods first, so it spans no more pods than it must (fewer circuits;
+    and `place_job` with `max_extra_pods` would not place it on scattered ToRs). In each
     ToR it holds only the servers its EP groups need, free ones before busy ones,
     so the rest of the ToR stays open to backfill. Once the busy servers in the
     reservation are released the head fits there: `place_job` needs nothing but
@@ -84,14 +86,17 @@ def reserve_for(cluster: Cluster, free: Set[str], job: Job) -> frozenset[str]:
     ep = job.parallelism.ep
     need = job.parallelism.dp * job.parallelism.pp
     pod_free = {p.id: sum(1 for s in p.servers if s.id in free) for p in cluster.pods}
-    tors = sorted(
-        (t for p in cluster.pods for t in p.tors if len(t.servers) >= ep),
-        key=lambda t: (
-            -(sum(1 for s in t.servers if s.id in free) // ep),
-            -pod_free[t.pod_id],
-            t.id,
-        ),
-    )
+    candidates = [t for p in cluster.pods for t in p.tors if len(t.servers) >= ep]
+    groups = {t.id: sum(1 for s in t.servers if s.id in free) // ep for t in candidates}
+    one_tor = any(len(t.servers) // ep >= need for t in candidates)
+
+    def key(t: Tor) -> tuple[int, str, int, str]:
+        if one_tor:  # the ToR with the most room, whichever pod it is in
+            return (-groups[t.id], "", -pod_free[t.pod_id], t.id)
+        # several ToRs: in the emptiest pods, so the head does not span more pods
+        return (-pod_free[t.pod_id], t.pod_id, -groups[t.id], t.id)
+
+    tors = sorted(candidates, key=key)
     reserved: list[str] = []
     for tor in tors:
         if need <= 0:

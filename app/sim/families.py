@@ -16,6 +16,18 @@ iterations are its run time over its ideal iteration estimate.
 - `comm-heavy`: small and mid Table 1 models with pipeline depth 1-2, small
   per-replica batches and fp32 gradients; meant for fast GPUs
   (`lightpath simulate --gpu b200`), where DP is 10-40% of an iteration.
+- `fleet`: the design notes' scale, about 300 jobs running at once on seed-15k:
+  GPU counts and run times of the trace's fine-tuning and other jobs that ran
+  at least `MIN_DURATION_S` (1-64 GPUs, 10 minutes to 2 days), drawn
+  independently (in the trace its 64-GPU jobs are also its longest; drawn as
+  pairs they leave about 230 jobs running), with the `comm-heavy`
+  configurations (B200). Fragmentation spreads many of them over several pods,
+  so the fabric carries hundreds of small cross-pod rings.
+- `fleet-stress`: the same configurations, but not from the trace: servers drawn
+  from (1, 2, 4, 4, 8, 8, 16, 16) and run times uniform in 1-6 hours. Fewer
+  one-server jobs fill the holes others leave, so fragmentation scatters more
+  jobs over pods and their circuits fill the pods' uplinks: a stress test of
+  where a job may span, not a measured workload.
 
 Deterministic for a seed. Imports no web, database or bus code.
 """
@@ -34,13 +46,16 @@ from app.engine.job import Job, ModelFacts, Parallelism
 from .timing import ideal_iteration_estimate_s
 from .workload import DEFAULT_TABLES, ModelRow, WorkloadError, WorkloadJob, load_model_rows
 
-FAMILIES = ("dense", "bigspan", "moe", "comm-heavy")
+FAMILIES = ("dense", "bigspan", "moe", "comm-heavy", "fleet", "fleet-stress")
 DEFAULT_TRACE = (
     Path(__file__).resolve().parents[2] / "data" / "traces" / "acme_kalos_completed_llm_jobs.csv"
 )
 MIN_DURATION_S = 600.0
 MAX_DURATION_S = 48 * 3600.0
-FAMILY_GPU = {"comm-heavy": "b200"}  # the GPU a family is meant for
+# the GPU a family is meant for
+FAMILY_GPU = {"comm-heavy": "b200", "fleet": "b200", "fleet-stress": "b200"}
+STRESS_SERVERS = (1, 2, 4, 4, 8, 8, 16, 16)
+STRESS_RUN_S = (3600.0, 6 * 3600.0)
 
 # (name, hidden size, layers, total parameters, experts)
 MOE_SHAPES = (
@@ -49,7 +64,7 @@ MOE_SHAPES = (
 )
 
 
-def _trace_jobs(trace: Path) -> list[tuple[int, float]]:
+def _trace_jobs(trace: Path, pretrain: bool = True) -> list[tuple[int, float]]:
     try:
         with open(trace, newline="") as f:
             rows = list(csv.DictReader(f))
@@ -57,13 +72,14 @@ def _trace_jobs(trace: Path) -> list[tuple[int, float]]:
         raise WorkloadError(f"cannot read trace {trace}: {exc.strerror or exc}") from exc
     out = []
     for r in rows:
-        if r.get("job_type") != "Pretrain":
+        if (r.get("job_type") == "Pretrain") != pretrain:
             continue
         duration = float(r["duration_s"])
         if duration >= MIN_DURATION_S:
             out.append((int(float(r["num_gpus"])), min(duration, MAX_DURATION_S)))
     if not out:
-        raise WorkloadError(f"{trace}: no pre-training jobs of {MIN_DURATION_S:.0f} s or more")
+        kind = "pre-training" if pretrain else "fine-tuning or other"
+        raise WorkloadError(f"{trace}: no {kind} jobs of {MIN_DURATION_S:.0f} s or more")
     return out
 
 
@@ -149,7 +165,7 @@ def generate(
     if jobs < 1:
         raise WorkloadError("--jobs must be at least 1")
     rng = random.Random(f"{family}:{seed}")
-    pool = _trace_jobs(trace)
+    pool = _trace_jobs(trace, pretrain=family != "fleet")
     if family == "bigspan":
         pool = [(g * 2, d) for g, d in pool if g >= 512]
     gpus_per_server = cluster.gpus_per_server
@@ -157,7 +173,15 @@ def generate(
     pool = [(g, d) for g, d in pool if math.ceil(g / gpus_per_server) <= limit]
     rows = load_model_rows(tables_dir)
     gpu = FAMILY_GPU.get(family, cluster.gpu_model)
-    drawn = [rng.choice(pool) for _ in range(jobs)]
+    if family == "fleet":  # sizes and run times drawn independently (module doc)
+        drawn = [(rng.choice(pool)[0], rng.choice(pool)[1]) for _ in range(jobs)]
+    elif family == "fleet-stress":
+        drawn = [
+            (min(rng.choice(STRESS_SERVERS), limit) * gpus_per_server, rng.uniform(*STRESS_RUN_S))
+            for _ in range(jobs)
+        ]
+    else:
+        drawn = [rng.choice(pool) for _ in range(jobs)]
     mean_work = sum(math.ceil(g / gpus_per_server) * d for g, d in drawn) / jobs
     rate = load * cluster.server_count / mean_work  # arrivals per second
     t = 0.0
@@ -167,7 +191,7 @@ def generate(
         job_id = f"{family}-{seed}-{i}"
         if family == "moe":
             job = _moe_job(job_id, servers, rng)
-        elif family == "comm-heavy":
+        elif family in ("comm-heavy", "fleet", "fleet-stress"):
             job = _comm_heavy_job(job_id, rows, servers, rng)
         else:
             job = _dense_job(job_id, _nearest(rows, servers * gpus_per_server, rng), servers)

@@ -66,6 +66,22 @@ def steady_utilization(result: SimResult) -> float | None:
     return busy / (result.cluster_gpus * (b - a))
 
 
+def steady_running_jobs(result: SimResult) -> float | None:
+    """Jobs running at once, averaged over `steady_window` (None: never queued)."""
+    a, b = steady_window(result)
+    if b <= a:
+        return None
+    held = 0.0
+    for j in result.jobs:
+        if j.start_s is None:
+            continue
+        end = j.end_s if j.end_s is not None else result.makespan_s
+        lo, hi = max(a, j.start_s), min(b, end)
+        if hi > lo:
+            held += hi - lo
+    return held / (b - a)
+
+
 def _percentile(values: Sequence[float], q: float) -> float:
     if not values:
         return 0.0
@@ -113,6 +129,7 @@ def summarize(result: SimResult) -> dict[str, Any]:
         "max_iteration_slowdown": max(slowdowns, default=0.0),
         "steady_utilization": steady_utilization(result),
         "steady_window_s": steady_window(result)[1] - steady_window(result)[0],
+        "steady_running_jobs": steady_running_jobs(result),
         "p99_iteration_slowdown": _percentile(slowdowns, 0.99),
         "mean_queueing_delay_s": (
             sum(j.start_s - j.arrival_s for j in done if j.start_s is not None) / len(done)
@@ -156,6 +173,7 @@ def job_rows(result: SimResult) -> list[dict[str, Any]]:
             "stalled": j.stalled,
             "prediction_held": j.held,
             "servers": j.servers,
+            "pods": j.pods,
             "arrival_s": j.arrival_s,
             "start_s": j.start_s,
             "end_s": j.end_s,
@@ -355,14 +373,14 @@ def aggregate(per_seed: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """One policy's summaries over seeds: every number as {mean, ci95, values}."""
     out: dict[str, Any] = {"policy": per_seed[0]["policy"], "seeds": len(per_seed)}
     for key, value in per_seed[0].items():
-        if key == "policy" or not isinstance(value, (int, float)) or isinstance(value, bool):
+        # None: a figure some runs have not (no steady window); the others' values count
+        if key == "policy" or isinstance(value, bool):
+            continue
+        if value is not None and not isinstance(value, (int, float)):
             continue
         values = [float(s[key]) for s in per_seed if isinstance(s.get(key), (int, float))]
         mean, half = mean_ci95(values)
         out[key] = {"mean": mean, "ci95": half, "values": values}
-    steady = [s["steady_utilization"] for s in per_seed if s.get("steady_utilization") is not None]
-    mean, half = mean_ci95(steady)
-    out["steady_utilization"] = {"mean": mean, "ci95": half, "values": steady}
     return out
 
 

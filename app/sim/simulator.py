@@ -47,7 +47,7 @@ from app.engine.controller import (
 )
 from app.engine.controller import step as control
 from app.engine.job import Job, Placement
-from app.engine.placement import never_fits, place_job
+from app.engine.placement import OPTICAL_EXTRA_PODS, never_fits, place_job
 from app.engine.predictor import DEFAULT_ALGORITHM
 from app.engine.queue import QueuePolicy, admit_queued
 
@@ -100,6 +100,7 @@ class JobResult:
     refused: str | None = None
     stalled: str | None = None  # why the job could not progress (reported, not completed)
     compute_iteration_s: float = 0.0  # the iteration with an infinitely fast network
+    pods: int = 0  # pods its placement spans
 
     @property
     def slowdown(self) -> float | None:
@@ -173,8 +174,10 @@ class Simulation:
         ecmp_spines: int = DEFAULT_SPINES,
         progress: ProgressFn | None = None,
         gpu: str | None = None,
+        max_extra_pods: int | None = OPTICAL_EXTRA_PODS,
     ) -> None:
         self.cluster = cluster
+        self.max_extra_pods = max_extra_pods  # lightpath's placement (`place_job`)
         self.gpu = gpu or cluster.gpu_model
         self.workload = list(workload)
         self.spec = spec_of(policy)
@@ -281,7 +284,10 @@ class Simulation:
         if self.spec.inc_aware and self.spec.optical:
             agg = {t: self.ledger.free_gbps(self.cluster, t) for t in self.cluster.tors_by_id}
             return functools.partial(
-                place_job, aggregator_free_gbps=agg, ports_free=free_uplinks(self.control)
+                place_job,
+                aggregator_free_gbps=agg,
+                ports_free=free_uplinks(self.control),
+                max_extra_pods=self.max_extra_pods,
             )
         return place_job
 
@@ -343,6 +349,7 @@ class Simulation:
         profile = self._profile(job, placement, entry.iterations, at)
         result = self.results[job.job_id]
         result.start_s = at
+        result.pods = len({self.cluster.server(s).pod_id for s in placement.servers})
         result.ideal_iteration_s = profile.ideal_iteration_s
         result.algorithm = profile.algorithm
         result.mode = profile.mode
@@ -593,6 +600,7 @@ def simulate(
     step_by_step: bool = False,
     progress: ProgressFn | None = None,
     gpu: str | None = None,
+    max_extra_pods: int | None = OPTICAL_EXTRA_PODS,
 ) -> SimResult:
     """Run one policy over a workload; see `Simulation`."""
     return Simulation(
@@ -604,6 +612,7 @@ def simulate(
         step_by_step=step_by_step,
         progress=progress,
         gpu=gpu,
+        max_extra_pods=max_extra_pods,
     ).run()
 
 

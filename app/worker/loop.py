@@ -157,6 +157,7 @@ class Worker:
             self.cluster,
             self.settings.queue_policy,
             backfill=self.settings.backfill,
+            max_extra_pods=self.settings.max_extra_pods,
             reason=reason,
             cache=self.placed,
         )

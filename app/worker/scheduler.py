@@ -14,7 +14,7 @@ from functools import partial
 
 from app.engine.cluster import Cluster
 from app.engine.job import Job
-from app.engine.placement import place_job, uplinks_free
+from app.engine.placement import OPTICAL_EXTRA_PODS, fewest_pods, place_job, uplinks_free
 from app.engine.queue import Admission, QueuePolicy, admit_queued
 from app.store import ConcurrentChange, PlacedCache, Snapshot, Store
 from app.store.mapping import placement_to_json
@@ -32,7 +32,12 @@ class SchedulingResult:
     decision_seqs: tuple[int, ...]
 
 
-def queue_reasons(cluster: Cluster, snapshot: Snapshot, admission: Admission) -> dict[str, str]:
+def queue_reasons(
+    cluster: Cluster,
+    snapshot: Snapshot,
+    admission: Admission,
+    max_extra_pods: int | None = OPTICAL_EXTRA_PODS,
+) -> dict[str, str]:
     """Why each job that stays queued waits, in words an operator can act on."""
     placed = {p.job_id for p in admission.placements}
     free = (
@@ -45,9 +50,17 @@ def queue_reasons(cluster: Cluster, snapshot: Snapshot, admission: Admission) ->
         if job.job_id == admission.reserved_for:
             ep = job.parallelism.ep
             groups = f" in EP groups of {ep} servers inside a pod" if ep > 1 else ""
+            spread = ""
+            if max_extra_pods is not None and ep == 1 and free >= job.servers_needed:
+                # enough servers, no EP groups to fit: only the spread rule holds it
+                most = fewest_pods(cluster, job) + max_extra_pods
+                spread = (
+                    f"; the free servers would spread it over more than {most} pod(s) whose "
+                    f"uplinks are taken, so it waits for a compact layout"
+                )
             reasons[job.job_id] = (
-                f"head of the queue: needs {job.servers_needed} servers{groups}, {free} free; "
-                f"{len(admission.reserved_servers)} servers reserved"
+                f"head of the queue: needs {job.servers_needed} servers{groups}, {free} free"
+                f"{spread}; {len(admission.reserved_servers)} servers reserved"
             )
         elif admission.reserved_for is not None:
             reasons[job.job_id] = (
@@ -66,6 +79,7 @@ def schedule(
     *,
     backfill: bool,
     reason: str,
+    max_extra_pods: int | None = OPTICAL_EXTRA_PODS,
     cache: PlacedCache | None = None,
 ) -> SchedulingResult:
     """Admit what fits now; retried on a concurrent change (e.g. a job completed meanwhile).
@@ -93,6 +107,7 @@ def schedule(
                 place_job,
                 aggregator_free_gbps=agg_free,
                 ports_free=uplinks_free(cluster, snapshot.uplinks_held),
+                max_extra_pods=max_extra_pods,
             ),
             now=time.time(),
             busy_until=snapshot.busy_until,
@@ -102,7 +117,7 @@ def schedule(
             written = store.record_admission(
                 admission.placements,
                 examined=snapshot.unexamined,
-                queue_reasons=queue_reasons(cluster, snapshot, admission),
+                queue_reasons=queue_reasons(cluster, snapshot, admission, max_extra_pods),
                 reason=reason,
                 now=now,
             )

@@ -9,7 +9,14 @@ from hypothesis import strategies as st
 
 from app.engine.cluster import Cluster, build_cluster, preset
 from app.engine.job import Collective, Job, ModelFacts, Parallelism, Placement, Unplaceable
-from app.engine.placement import NOT_NOW_BUSY, never_fits, place_job, uplinks_free
+from app.engine.placement import (
+    NOT_NOW_BUSY,
+    NOT_NOW_SPREAD,
+    fewest_pods,
+    never_fits,
+    place_job,
+    uplinks_free,
+)
 
 SEED = preset("seed-15k")
 FACTS = ModelFacts(
@@ -106,14 +113,27 @@ def test_placement_properties(cluster: Cluster, data: st.DataObject) -> None:
             {t.id: st.sampled_from([0.0, t.aggregator_gbps]) for p in cluster.pods for t in p.tors}
         )
     )
-    result = place_job(cluster, free, job, aggregator_free_gbps=agg, ports_free=ports)
+    limit = data.draw(st.none() | st.integers(0, 2))
+    result = place_job(
+        cluster, free, job, aggregator_free_gbps=agg, ports_free=ports, max_extra_pods=limit
+    )
+    unlimited = place_job(cluster, free, job, aggregator_free_gbps=agg, ports_free=ports)
     if isinstance(result, Placement):
         _check(cluster, free, job, result)
         assert result.reason.startswith("layout ")
+        spans = len({cluster.server(s).pod_id for s in result.servers})
+        assert limit is None or spans <= fewest_pods(cluster, job) + limit
+        assert result == unlimited  # the limit only ever says "wait", never moves a job
     elif not result.never_fits:
-        # A job waits only when the free servers hold too few whole EP groups in pods.
-        assert result.reasons == (NOT_NOW_BUSY,)
-        assert _pod_capacity(cluster, free, ep) < dp * pp
+        if result.reasons == (NOT_NOW_SPREAD,):
+            # it waits for a compact layout only when the free servers would scatter it
+            assert limit is not None and isinstance(unlimited, Placement)
+            spans = len({cluster.server(s).pod_id for s in unlimited.servers})
+            assert spans > fewest_pods(cluster, job) + limit
+        else:
+            # A job waits only when the free servers hold too few whole EP groups in pods.
+            assert result.reasons == (NOT_NOW_BUSY,)
+            assert _pod_capacity(cluster, free, ep) < dp * pp
     else:
         assert never_fits(cluster, job) == result.reasons
 
@@ -208,6 +228,38 @@ def test_idle_aggregator_preferred_on_ties() -> None:
     result = place_job(cluster, set(cluster.server_ids), _job(2), aggregator_free_gbps=busy)
     assert isinstance(result, Placement)
     assert {cluster.server(s).tor_id for s in result.servers} == {"pod-2/tor-1"}
+
+
+def test_a_job_the_free_servers_would_scatter_waits_for_a_compact_layout() -> None:
+    """seed-15k, 300-job scale: fragmentation leaves one free server per pod and other
+    jobs' slices hold most uplinks. A 4-server job would take one server in each of four
+    pods (a ring through four pods: a server's worth of circuits in and out at each, 16
+    ports a pod); with 8 uplinks free a pod it waits, and takes two pods once one of
+    them has room for three of its servers. With the uplinks free it spreads at once."""
+    cluster = SEED
+    one_each = {p.servers[0].id for p in cluster.pods}
+    job = _job(4, model=FACTS)
+    assert fewest_pods(cluster, job) == 1
+    taken = {p.id: 8 for p in cluster.pods}
+    scattered = place_job(cluster, one_each, job, ports_free=taken)
+    assert isinstance(scattered, Placement)
+    assert len({cluster.server(s).pod_id for s in scattered.servers}) == 4
+    waits = place_job(cluster, one_each, job, ports_free=taken, max_extra_pods=1)
+    assert isinstance(waits, Unplaceable) and waits.reasons == (NOT_NOW_SPREAD,)
+    assert not waits.never_fits
+    pod = cluster.pods[3]
+    two_pods = one_each | {s.id for s in pod.servers[:3]}  # 3 free there, 1 elsewhere
+    placed = place_job(cluster, two_pods, job, ports_free=taken, max_extra_pods=1)
+    assert isinstance(placed, Placement)
+    pods = {cluster.server(s).pod_id for s in placed.servers}
+    assert len(pods) == 2 and pod.id in pods
+    # uplinks free everywhere: spreading costs the job nothing, so it does not wait
+    free_ports = place_job(cluster, one_each, job, max_extra_pods=1)
+    assert isinstance(free_ports, Placement)
+    assert len({cluster.server(s).pod_id for s in free_ports.servers}) == 4
+    # a job bigger than a pod counts from the fewest pods it needs
+    assert fewest_pods(cluster, _job(100, model=FACTS)) == 2
+    assert fewest_pods(cluster, _job(10, ep=8)) == 2  # 9 groups of 8 per 75-server pod
 
 
 def test_a_job_spanning_pods_goes_where_uplinks_are_free() -> None:

@@ -232,3 +232,26 @@ def test_easy_backfill_admits_a_short_job_inside_the_reservation() -> None:
     # Without runtime estimates of the running job the reservation is spatial only.
     spatial = admit_queued(cluster, free, [head, short], QueuePolicy.FIFO, now=0.0)
     assert spatial.placements == () and spatial.reserved_start is None
+
+
+def test_a_head_that_needs_several_tors_reserves_them_in_as_few_pods_as_it_can() -> None:
+    """Two pods each have one whole ToR free. A 40-server head used to reserve both ToRs
+    (the two fullest) and one more, two pods apart or more; it now reserves three ToRs of
+    pod-0, so once they free it starts on one pod."""
+    cluster = preset("seed-15k")
+    free = {s.id for s in cluster.pods[0].tors[0].servers} | {
+        s.id for s in cluster.pods[1].tors[0].servers
+    }
+    head = Job("head", Parallelism(dp=40, pp=1))
+    admission = admit_queued(cluster, free, [head], QueuePolicy.FIFO)
+    assert admission.reserved_for == "head"
+    assert {cluster.server(s).pod_id for s in admission.reserved_servers} == {"pod-0"}
+    assert len(admission.reserved_servers) == 40
+    # a head one ToR holds still takes the ToR with the most free servers
+    small = Job("small", Parallelism(dp=6, pp=1))
+    some = {s.id for s in cluster.pods[0].tors[0].servers[:2]} | {
+        s.id for s in cluster.pods[1].tors[0].servers[:3]
+    }
+    admission = admit_queued(cluster, some, [small], QueuePolicy.FIFO)
+    assert admission.reserved_for == "small"
+    assert {cluster.server(s).tor_id for s in admission.reserved_servers} == {"pod-1/tor-0"}

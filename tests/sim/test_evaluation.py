@@ -15,12 +15,13 @@ from app.engine.collective import AggregatorLedger
 from app.engine.controller import ControllerConfig, new_controller
 from app.engine.fabric import FabricPlan
 from app.engine.job import ComputeTimes, Job, ModelFacts, Parallelism
+from app.engine.placement import OPTICAL_EXTRA_PODS
 from app.engine.rewiring_rules import reactive_rewires
 from app.sim.commands import run_from_trace, run_generate, run_simulate
 from app.sim.families import FAMILIES, FAMILY_GPU, generate, jitter
 from app.sim.policies import POLICIES, turn_factor
 from app.sim.report import mean_ci95, summarize
-from app.sim.simulator import JobResult, simulate
+from app.sim.simulator import JobResult, SimResult, simulate
 from app.sim.workload import WorkloadJob, read_workload
 
 TABLE = Path(__file__).resolve().parents[2] / "data" / "tables" / "megatron_sc21_table1.csv"
@@ -300,3 +301,49 @@ def test_a_clos_of_the_optical_layers_cost_has_fewer_uplinks_and_is_slower() -> 
     }
     full, same_cost = (runs[p].jobs[0].slowdown for p in ("spray", "spray-same-cost"))
     assert full is not None and same_cost is not None and same_cost > full * 1.01
+
+
+def test_fleet_runs_about_300_jobs_at_once_on_seed_15k() -> None:
+    """The design notes' scale: the fleet family keeps ~300 jobs running at load 1.2."""
+    cluster = preset("seed-15k")
+    workload = generate("fleet", cluster, load=1.2, jobs=1500, seed=1)
+    assert {w.job.parallelism.servers for w in workload} <= {1, 2, 4, 8}
+    summary = summarize(simulate(cluster, workload, "ideal", gpu="b200"))
+    assert summary["steady_running_jobs"] >= 300, summary["steady_running_jobs"]
+    assert summary["mean_network_share"] >= 0.10
+
+
+def test_lightpath_holds_small_jobs_back_from_scattering_over_pods_short_of_uplinks() -> None:
+    """Six of seed-15k's pods with 48 uplinks each and the fleet-stress mix: placed
+    wherever servers are free, 26 jobs span two or more pods beyond the fewest and take
+    starved circuits; lightpath's placement (`OPTICAL_EXTRA_PODS`) holds them back
+    while those pods' uplinks are taken, and the cluster does more work for it. An
+    electrical policy places wherever servers are free."""
+    cluster = build_cluster(
+        "six-pods",
+        pods=6,
+        tors_per_pod=5,
+        servers_per_tor=15,
+        uplink_ports_per_pod=48,
+        oxcs=16,
+        oxc_ports=320,
+        reconfig_ms=25,
+    )
+    workload = generate("fleet-stress", cluster, load=1.2, jobs=400, seed=1)
+    per_pod = len(cluster.pods[0].servers)
+
+    def scattered(result: SimResult) -> int:
+        return sum(
+            1
+            for j in result.jobs
+            if j.start_s is not None and j.pods - -(-j.servers // per_pod) > OPTICAL_EXTRA_PODS
+        )
+
+    held = simulate(cluster, workload, "lightpath", gpu="b200")
+    free = simulate(cluster, workload, "lightpath", gpu="b200", max_extra_pods=None)
+    assert all(j.end_s is not None for j in held.jobs)  # nobody waits for ever
+    assert scattered(held) < scattered(free)
+    assert scattered(simulate(cluster, workload, "spray", gpu="b200")) >= 10
+    steady_held = summarize(held)["steady_utilization"]
+    steady_free = summarize(free)["steady_utilization"]
+    assert steady_held > steady_free + 0.02, (steady_held, steady_free)
