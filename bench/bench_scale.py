@@ -1,15 +1,15 @@
 """The evaluation at the design notes' scale: about 300 jobs running at once on seed-15k.
 
 The `fleet` family (`lightpath workload generate --family fleet`: the Kalos
-trace's fine-tuning-sized jobs, 1-64 GPUs, with the comm-heavy configurations
-on B200), or `--family fleet-stress` (the same configurations on 1-16 servers
-with fewer one-server jobs: not from the trace, a mix that fragmentation
-scatters over pods), at offered load 1.2, JOBS jobs, generation seed 1, SEEDS jittered
-copies (`families.jitter`), one OXC latency. Every policy of the evaluation
-runs on every copy; lightpath also runs with other limits on how many pods a
-job may span beyond the fewest its size needs (`--extra-pods`: the product's
-`OPTICAL_EXTRA_PODS` is one of them; `none` places a job wherever servers are
-free, as every other policy does).
+trace's fine-tuning-sized jobs, 1-64 GPUs, with the comm-heavy configurations on
+B200), or `--family fleet-stress` (the same configurations on 1-16 servers with
+fewer one-server jobs: not from the trace, a mix that fragmentation scatters
+over pods), at offered load 1.2, JOBS jobs, generation seed 1 (`--generation-
+seed`), SEEDS jittered copies (`families.jitter`), one OXC latency. Every policy
+of the evaluation runs on every copy; lightpath also runs with other limits on
+how many pods a job may span beyond the fewest its size needs (`--extra-pods`:
+the product's `OPTICAL_EXTRA_PODS` is one of them; `none` places a job wherever
+servers are free, as every other policy does).
 
 Printed and written (bench/out/scale/: results.json, table.md, scale.png): steady
 utilisation (mean ± 95% CI over the seeds), jobs running at once in the steady
@@ -69,6 +69,7 @@ def _label(policy: str, extra: int | None) -> str:
 
 
 def run_one(
+    generation_seed: int,
     family: str,
     policy: str,
     extra: int | None,
@@ -78,7 +79,7 @@ def run_one(
     uplinks: int | None,
 ) -> tuple[str, int, dict[str, Any]]:
     """One policy on one jittered copy; the summary (with wall time)."""
-    workload = generate(family, preset("seed-15k"), load=LOAD, jobs=jobs, seed=GENERATION_SEED)
+    workload = generate(family, preset("seed-15k"), load=LOAD, jobs=jobs, seed=generation_seed)
     copy = jitter(workload, seed)
     electrical = policy in ELECTRICAL
     cluster = variant(None if electrical else latency, uplinks)
@@ -157,6 +158,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--family", default="fleet", choices=("fleet", "fleet-stress"))
     ap.add_argument("--jobs", type=int, default=1500)
+    ap.add_argument("--generation-seed", type=int, default=GENERATION_SEED)
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--latency", type=float, default=25.0)
     ap.add_argument("--policies", default=",".join(POLICIES))
@@ -178,11 +180,20 @@ def main() -> int:
         for extra in variants[policy]:
             for seed in range(args.seeds):
                 tasks.append(
-                    (args.family, policy, extra, seed, args.jobs, args.latency, args.uplinks)
+                    (
+                        args.generation_seed,
+                        args.family,
+                        policy,
+                        extra,
+                        seed,
+                        args.jobs,
+                        args.latency,
+                        args.uplinks,
+                    )
                 )
     # the slowest first, so the pool's last runs are short ones
     order = {"lightpath": 0, "reactive": 1, "static": 2, "ecmp": 3}
-    tasks.sort(key=lambda t: order.get(t[1], 9))
+    tasks.sort(key=lambda t: order.get(t[2], 9))
     results: dict[str, dict[int, dict[str, Any]]] = {}
     t0 = time.perf_counter()
     with ProcessPoolExecutor(max_workers=max(1, args.procs)) as pool:
@@ -206,7 +217,7 @@ def main() -> int:
     shape = f" with {args.uplinks} uplinks/pod" if args.uplinks else ""
     title = (
         f"{args.family} (b200), {args.jobs} jobs, load {LOAD}, seed-15k{shape}, "
-        f"{args.latency:g} ms, {args.seeds} seeds"
+        f"{args.latency:g} ms, generation seed {args.generation_seed}, {args.seeds} seeds"
     )
     table = markdown(rows, title)
     print(table)

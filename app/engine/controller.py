@@ -41,7 +41,14 @@ from collections import Counter
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from .allocation import EMPTY_ALLOCATION, JobDemand, PortAllocation, allocate_ports, job_demand
+from .allocation import (
+    EMPTY_ALLOCATION,
+    JobDemand,
+    PortAllocation,
+    allocate_ports,
+    compute_estimate_s,
+    job_demand,
+)
 from .circuits import PodCircuits, evaluate_circuits, port_bound_s
 from .cluster import Cluster
 from .collective import AggregatorLedger, choose_iteration_collective
@@ -1119,7 +1126,7 @@ def network_view(state: ControllerState, job_id: str) -> NetworkView | None:
         if demand.total_bytes
         else 0.0
     )
-    compute_s = _compute_s(_job_of(state, job_id))
+    compute_s = compute_estimate_s(_job_of(state, job_id))
     sharers = len(state.turn_order) if shared else 1
     turn_s = state.config.turn_s
     overhead = 1.0 / max(1e-9, 1.0 - state.config.reconfig_ms / 1000.0 / turn_s) if shared else 1.0
@@ -1146,18 +1153,6 @@ def free_uplinks(state: ControllerState) -> dict[str, int]:
 def _job_demand(cluster: Cluster, state: ControllerState, jf: JobFabric) -> DemandMatrix:
     traffic = collective_traffic(cluster, _job_of(state, jf.job_id), jf.placement, jf.collective)
     return combined_demand(traffic)
-
-
-def _compute_s(job: Job) -> float:
-    """Compute seconds per iteration from the job's facts (0 when unknown)."""
-    c = job.compute
-    m = job.model
-    if c is None or c.microbatch_forward_s is None or c.microbatch_backward_s is None:
-        return 0.0
-    micro = (m.microbatches if m is not None else None) or 1
-    stages = job.parallelism.pp
-    per = c.microbatch_forward_s + c.microbatch_backward_s
-    return (micro + stages - 1) * per + (c.optimizer_s or 0.0)
 
 
 __all__ = [

@@ -56,15 +56,18 @@ NOT_NOW_SPREAD = (
     "the free servers would spread it over more pods than it needs, where uplinks are "
     "taken; waits for a compact layout"
 )
-# On an optical fabric a job spans at most this many pods beyond the fewest its EP
-# groups need (`max_extra_pods`) unless every pod of the layout has the free uplinks
+# On an optical fabric a small job spans at most this many pods beyond the fewest its
+# EP groups need (`max_extra_pods`) unless every pod of the layout has the free uplinks
 # its circuits want there (`allocation.job_demand`): a ring through a pod needs a
 # server's worth of circuits in and out, so a job scattered by fragmentation over
 # pods whose uplinks are taken gets starved circuits for life, and takes ports that
 # compact jobs would use. Measured at 300+ running jobs on seed-15k
-# (bench/bench_scale.py, README "At scale"): with ports short, waiting gains up to
-# 1.7 points of utilisation; with ports free, spreading costs nothing and nobody waits.
+# (bench/bench_scale.py, README "At scale").
 OPTICAL_EXTRA_PODS = 1
+# Only a job of at most 1/SMALL_JOB_SHARE of a pod is held back: a compact layout
+# comes for it as soon as a few jobs in a pod end, while a bigger head would hold
+# a reservation idle longer than spreading costs it (comm-heavy lost 1.2 points
+# of utilisation when jobs of 12-64 servers were held too).
 SMALL_JOB_SHARE = 4
 EP_SPANS_TORS = "EP group(s) span ToRs of one pod (its electrical Clos carries the all-to-all)"
 
@@ -148,10 +151,11 @@ def place_job(
     uplink ports no other job's slice holds (default: all of them): a job that
     spans pods prefers pods with free uplinks and is estimated on the circuits
     it would really get there; a job inside one pod prefers pods whose uplinks
-    are taken, leaving free ones to jobs that need them. `max_extra_pods`: a job
-    whose layout spans more pods than that beyond the fewest its EP groups need
-    (`fewest_pods`) waits (`NOT_NOW_SPREAD`) when some pod of it has fewer free
-    uplinks than its circuits want there; None places it wherever servers are free.
+    are taken, leaving free ones to jobs that need them. `max_extra_pods`: a job of
+    at most a quarter pod (`SMALL_JOB_SHARE`) whose layout spans more pods than that
+    beyond the fewest its EP groups need (`fewest_pods`) waits (`NOT_NOW_SPREAD`)
+    when some pod of it has fewer free uplinks than its circuits need there; None
+    places it wherever servers are free.
     """
     reasons = never_fits(cluster, job)
     if reasons:
@@ -199,7 +203,8 @@ def place_job(
 def _ports_short(
     cluster: Cluster, job: Job, units: Sequence[Unit], ports: Mapping[str, int]
 ) -> bool:
-    """Some pod of the layout has fewer free uplinks than the job's circuits want there."""
+    """Some pod of the layout has fewer free uplinks than the job's circuits need there
+    (the allocation's per-pair circuits at NIC rate, `JobDemand.pair_ports`)."""
     from .allocation import job_demand  # the allocation's own measure of what it needs
 
     demand = job_demand(cluster, job, Placement(job.job_id, tuple(units)))

@@ -7,6 +7,7 @@ import re
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from app.engine.allocation import job_demand
 from app.engine.cluster import Cluster, build_cluster, preset
 from app.engine.job import Collective, Job, ModelFacts, Parallelism, Placement, Unplaceable
 from app.engine.placement import (
@@ -71,6 +72,16 @@ def _check(cluster: Cluster, free: set[str], job: Job, placement: Placement) -> 
     assert len({cluster.server(s).pod_id for s in servers}) == fewest
 
 
+def _short(cluster: Cluster, job: Job, placement: Placement, ports: dict[str, int] | None) -> bool:
+    """Some pod of the placement has fewer free uplinks than the job's circuits need."""
+    free = ports if ports is not None else {p.id: p.uplink_ports for p in cluster.pods}
+    need: dict[str, int] = {}
+    for a, b, n in job_demand(cluster, job, placement).pair_ports:
+        need[a] = need.get(a, 0) + n
+        need[b] = need.get(b, 0) + n
+    return any(free[p] < n for p, n in need.items())
+
+
 def _pod_capacity(cluster: Cluster, free: set[str], ep: int) -> int:
     return sum(sum(1 for s in p.servers if s.id in free) // ep for p in cluster.pods)
 
@@ -122,14 +133,21 @@ def test_placement_properties(cluster: Cluster, data: st.DataObject) -> None:
         _check(cluster, free, job, result)
         assert result.reason.startswith("layout ")
         spans = len({cluster.server(s).pod_id for s in result.servers})
-        assert limit is None or spans <= fewest_pods(cluster, job) + limit
+        if limit is not None and spans > fewest_pods(cluster, job) + limit:
+            # spread beyond the limit only where that starves nobody: a job bigger than a
+            # quarter pod (never held back), or every pod with the uplinks it needs
+            widest = max(len(p.servers) for p in cluster.pods)
+            assert job.parallelism.servers * 4 > widest or not _short(cluster, job, result, ports)
         assert result == unlimited  # the limit only ever says "wait", never moves a job
     elif not result.never_fits:
         if result.reasons == (NOT_NOW_SPREAD,):
-            # it waits for a compact layout only when the free servers would scatter it
+            # it waits for a compact layout only when the free servers would scatter a
+            # small job over pods short of the uplinks its circuits need
             assert limit is not None and isinstance(unlimited, Placement)
             spans = len({cluster.server(s).pod_id for s in unlimited.servers})
             assert spans > fewest_pods(cluster, job) + limit
+            assert job.parallelism.servers * 4 <= max(len(p.servers) for p in cluster.pods)
+            assert _short(cluster, job, unlimited, ports)
         else:
             # A job waits only when the free servers hold too few whole EP groups in pods.
             assert result.reasons == (NOT_NOW_BUSY,)
