@@ -195,7 +195,13 @@ class JobOut(BaseModel):
     parallelism: ParallelismIn
     priority: int = 0
     deadline: float | None = None
-    queue_reason: str | None = Field(None, description="why a queued job waits")
+    queue_reason: str | None = Field(
+        None,
+        description="why a queued job waits: too few free servers (or whole EP groups in "
+        "pods), behind the head's reservation, or, for a small job, free servers that would "
+        "scatter it over pods whose uplinks are taken (it waits for a compact layout; "
+        "LIGHTPATH_MAX_EXTRA_PODS)",
+    )
     placement: PlacementOut | None = None
     collective: CollectiveOut | None = Field(
         None,

@@ -54,6 +54,20 @@ def test_token_settings_are_validated() -> None:
             parse_tokens(bad)
 
 
+def test_the_spread_limit_setting_reads_a_count_or_none(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("LIGHTPATH_MAX_EXTRA_PODS", raising=False)
+    assert Settings().max_extra_pods == 1
+    for text, value in (("2", 2), ("0", 0), ("none", None), ("", None), ("None", None)):
+        monkeypatch.setenv("LIGHTPATH_MAX_EXTRA_PODS", text)
+        assert Settings().max_extra_pods == value
+    for bad in ("-1", "many"):
+        monkeypatch.setenv("LIGHTPATH_MAX_EXTRA_PODS", bad)
+        with pytest.raises(ValueError):
+            Settings()
+
+
 def test_secrets_never_reach_logs(secured: LiveServer, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG)
     with secured.client("launch-secret-1") as c:
