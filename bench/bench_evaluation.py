@@ -268,6 +268,7 @@ def main() -> int:
     if args.merge:
         # every results_<family>.json under out and the extra directories, cells joined
         order = {f: i for i, f in enumerate(FAMILIES)}
+        out.mkdir(parents=True, exist_ok=True)
         by_family: dict[str, dict[str, Any]] = {}
         for d in [out, *map(Path, args.extra)]:
             for p in sorted(d.glob("results_*.json")):

@@ -20,11 +20,15 @@ delay, and the wall time of each run. Runs go to a pool of `--procs` processes
 Bound (exit 1 when missed): at least 250 jobs running at once under every
 policy (the scale this script exists to show).
 
+`--workload FILE` runs a saved workload instead (JSON Lines, gzipped or not):
+`bench/workloads/scatter-1500.jsonl.gz` is the mix on which lightpath first
+lost to spraying at this scale (see bench/README.md).
+
 Scarce ports: `--uplinks N` gives every pod N uplinks instead of 192 (the
 electrical policies' Clos gets the same N; `spray-same-cost` 0.7 of them).
 
 Run: .venv/bin/python bench/bench_scale.py [--family fleet-stress] [--jobs 1500] [--seeds 3]
-     [--latency 25]
+     [--latency 25] [--workload bench/workloads/scatter-1500.jsonl.gz]
      [--policies ideal,spray,...] [--extra-pods 1,none,0,2] [--uplinks 48] [--procs 2]
 """
 
@@ -50,6 +54,7 @@ from app.sim.families import FAMILY_GPU, generate, jitter  # noqa: E402
 from app.sim.policies import ELECTRICAL  # noqa: E402
 from app.sim.report import aggregate, summarize  # noqa: E402
 from app.sim.simulator import simulate  # noqa: E402
+from app.sim.workload import read_workload  # noqa: E402
 
 LOAD = 1.2
 GENERATION_SEED = 1
@@ -69,6 +74,7 @@ def _label(policy: str, extra: int | None) -> str:
 
 
 def run_one(
+    workload_path: str | None,
     generation_seed: int,
     family: str,
     policy: str,
@@ -79,7 +85,11 @@ def run_one(
     uplinks: int | None,
 ) -> tuple[str, int, dict[str, Any]]:
     """One policy on one jittered copy; the summary (with wall time)."""
-    workload = generate(family, preset("seed-15k"), load=LOAD, jobs=jobs, seed=generation_seed)
+    workload = (
+        read_workload(workload_path)
+        if workload_path
+        else generate(family, preset("seed-15k"), load=LOAD, jobs=jobs, seed=generation_seed)
+    )
     copy = jitter(workload, seed)
     electrical = policy in ELECTRICAL
     cluster = variant(None if electrical else latency, uplinks)
@@ -159,6 +169,11 @@ def main() -> int:
     ap.add_argument("--family", default="fleet", choices=("fleet", "fleet-stress"))
     ap.add_argument("--jobs", type=int, default=1500)
     ap.add_argument("--generation-seed", type=int, default=GENERATION_SEED)
+    ap.add_argument(
+        "--workload",
+        default=None,
+        help="a saved workload (JSON Lines, .gz too) instead of --family; run on B200",
+    )
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--latency", type=float, default=25.0)
     ap.add_argument("--policies", default=",".join(POLICIES))
@@ -181,6 +196,7 @@ def main() -> int:
             for seed in range(args.seeds):
                 tasks.append(
                     (
+                        args.workload,
                         args.generation_seed,
                         args.family,
                         policy,
@@ -193,7 +209,7 @@ def main() -> int:
                 )
     # the slowest first, so the pool's last runs are short ones
     order = {"lightpath": 0, "reactive": 1, "static": 2, "ecmp": 3}
-    tasks.sort(key=lambda t: order.get(t[2], 9))
+    tasks.sort(key=lambda t: order.get(t[3], 9))
     results: dict[str, dict[int, dict[str, Any]]] = {}
     t0 = time.perf_counter()
     with ProcessPoolExecutor(max_workers=max(1, args.procs)) as pool:
@@ -215,10 +231,13 @@ def main() -> int:
     labels = [lab for lab in dict.fromkeys(labels) if lab in results]
     rows = [aggregate([results[lab][k] for k in sorted(results[lab])]) for lab in labels]
     shape = f" with {args.uplinks} uplinks/pod" if args.uplinks else ""
-    title = (
-        f"{args.family} (b200), {args.jobs} jobs, load {LOAD}, seed-15k{shape}, "
-        f"{args.latency:g} ms, generation seed {args.generation_seed}, {args.seeds} seeds"
+    what = (
+        f"{Path(args.workload).name} (b200)"
+        if args.workload
+        else f"{args.family} (b200), {args.jobs} jobs, load {LOAD}, "
+        f"generation seed {args.generation_seed}"
     )
+    title = f"{what}, seed-15k{shape}, {args.latency:g} ms, {args.seeds} seeds"
     table = markdown(rows, title)
     print(table)
     out = Path(args.out)

@@ -19,6 +19,7 @@ Imports no web, database or bus code.
 from __future__ import annotations
 
 import csv
+import gzip
 import json
 import math
 import random
@@ -190,11 +191,17 @@ def parse_workload_job(data: object, where: str = "job", order: int = 0) -> Work
 
 
 def read_workload(path: str | Path) -> list[WorkloadJob]:
-    """A JSON Lines workload's jobs in arrival order (stable); WorkloadError if invalid."""
+    """A JSON Lines workload's jobs in arrival order (stable); WorkloadError if invalid.
+
+    A path ending in `.gz` is read through gzip."""
     p = Path(path)
     try:
-        text = p.read_text()
-    except OSError as exc:
+        if p.suffix == ".gz":
+            with gzip.open(p, "rt") as f:
+                text = f.read()
+        else:
+            text = p.read_text()
+    except (OSError, EOFError, UnicodeDecodeError) as exc:
         raise WorkloadError(f"cannot read workload {p}: {exc.strerror or exc}") from exc
     jobs: list[WorkloadJob] = []
     seen: set[str] = set()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import gzip
 import json
 import math
 from pathlib import Path
@@ -78,6 +79,19 @@ def test_reader_refuses_duplicates_empty_and_missing_files(tmp_path: Path) -> No
         read_workload(_write(tmp_path, ""))
     with pytest.raises(WorkloadError, match="cannot read workload"):
         read_workload(tmp_path / "absent.jsonl")
+
+
+def test_a_gzipped_workload_reads_as_the_plain_one(tmp_path: Path) -> None:
+    plain = _write(tmp_path, GOOD, {**GOOD, "job_id": "gpt-2", "arrival_s": 3})
+    packed = tmp_path / "w.jsonl.gz"
+    packed.write_bytes(gzip.compress(plain.read_bytes()))
+    assert read_workload(packed) == read_workload(plain)
+    broken = tmp_path / "bad.jsonl.gz"
+    broken.write_bytes(plain.read_bytes())  # not gzip at all
+    with pytest.raises(WorkloadError, match="cannot read workload"):
+        read_workload(broken)
+    shipped = Path(__file__).resolve().parents[2] / "bench/workloads/scatter-1500.jsonl.gz"
+    assert len(read_workload(shipped)) == 1500
 
 
 def test_jobs_come_back_in_arrival_order(tmp_path: Path) -> None:
