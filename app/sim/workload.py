@@ -201,8 +201,10 @@ def read_workload(path: str | Path) -> list[WorkloadJob]:
                 text = f.read()
         else:
             text = p.read_text()
-    except (OSError, EOFError, UnicodeDecodeError) as exc:
+    except OSError as exc:
         raise WorkloadError(f"cannot read workload {p}: {exc.strerror or exc}") from exc
+    except (EOFError, UnicodeDecodeError) as exc:  # a truncated gzip, or not text
+        raise WorkloadError(f"cannot read workload {p}: {exc}") from exc
     jobs: list[WorkloadJob] = []
     seen: set[str] = set()
     for number, line in enumerate(text.splitlines(), 1):
