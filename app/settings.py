@@ -45,8 +45,9 @@ class Settings(BaseSettings):
     max_extra_pods: int | None = Field(
         OPTICAL_EXTRA_PODS,
         ge=0,
-        description="a job waits rather than span more pods than this beyond the fewest its "
-        "EP groups need (each pod a ring passes through takes circuits); `none`: no limit",
+        description="a job of at most a quarter pod waits rather than span more pods than "
+        "this beyond the fewest it needs, when a pod of that layout lacks the free uplinks "
+        "its circuits need (each pod a ring passes through takes circuits); `none`: no limit",
     )
     reconfig_ms: float = Field(25.0, ge=0)
     mock_fault_rate: float = Field(0.0, ge=0, le=1)

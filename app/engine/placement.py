@@ -43,6 +43,7 @@ from collections.abc import Callable, Mapping, Sequence, Set
 from dataclasses import dataclass
 from typing import TypeVar
 
+from .allocation import job_demand
 from .cluster import Cluster, Pod, Tor
 from .collective import ALPHA_RING_S, AggregatorGrant, AggregatorLedger, estimate_costs
 from .job import Collective, Job, Placement, Unit, Unplaceable
@@ -68,8 +69,8 @@ NOT_NOW_SPREAD = (
 OPTICAL_EXTRA_PODS = 1
 # Only a job of at most 1/SMALL_JOB_SHARE of a pod is held back: a compact layout
 # comes for it as soon as a few jobs in a pod end, while a bigger head would hold
-# a reservation idle longer than spreading costs it (comm-heavy lost 1.2 points
-# of utilisation when jobs of 12-64 servers were held too).
+# a reservation idle longer than spreading costs it (comm-heavy lost 1.1-1.5 points
+# of utilisation per seed when jobs of 12-64 servers were held too, a tuning run).
 SMALL_JOB_SHARE = 4
 EP_SPANS_TORS = "EP group(s) span ToRs of one pod (its electrical Clos carries the all-to-all)"
 
@@ -188,8 +189,9 @@ def place_job(
         key=lambda c: (c[0].total_s > fastest * 1.001, _straddling(tor_of, c[1]), c[2]),
     )
     best = (chosen[0], chosen[1])
-    if (
+    if (  # cheapest tests first: most placements span one pod and stop at the second
         max_extra_pods is not None
+        and pods > 1 + max_extra_pods
         and job.parallelism.servers * SMALL_JOB_SHARE <= max(len(p.servers) for p in cluster.pods)
         and pods > fewest_pods(cluster, job) + max_extra_pods
         and _ports_short(cluster, job, best[1], ports)
@@ -207,8 +209,6 @@ def _ports_short(
 ) -> bool:
     """Some pod of the layout has fewer free uplinks than the job's circuits need there
     (the allocation's per-pair circuits at NIC rate, `JobDemand.pair_ports`)."""
-    from .allocation import job_demand  # the allocation's own measure of what it needs
-
     demand = job_demand(cluster, job, Placement(job.job_id, tuple(units)))
     need: dict[str, int] = {}
     for a, b, circuits in demand.pair_ports:

@@ -71,7 +71,7 @@ PlaceFn = Callable[[Cluster, Set[str], Job], Placement | Unplaceable]
 
 
 def reserve_for(cluster: Cluster, free: Set[str], job: Job) -> frozenset[str]:
-    """Servers held for the blocked head `job`: exactly its EP slots, fullest ToRs first.
+    """Servers held for the blocked head `job`: exactly its EP slots, in as few pods as it can.
 
     A head that one ToR holds takes the ToR with the most free servers (fewest
     running jobs to wait for); a head that needs several takes them pod by pod,
