@@ -300,9 +300,10 @@ def plan_fabric(
     ledger = AggregatorLedger(tuple(g for g in aggregators.grants if g.job_id in present))
     prev = {j.job_id: j for j in previous.jobs} if previous else {}
     kept = {
-        pj.job.job_id: prev[pj.job.job_id]
+        pj.job.job_id: old
         for pj in jobs
-        if pj.job.job_id in prev and prev[pj.job.job_id].placement == pj.placement
+        if (old := prev.get(pj.job.job_id)) is not None
+        and (old.placement is pj.placement or old.placement == pj.placement)
     }
     free = {p.id: p.uplink_ports for p in cluster.pods}
     for jf in kept.values():
@@ -375,14 +376,17 @@ def plan_fabric(
         i = tdm.index(tdm_active)
         tdm = tdm[i:] + tdm[:i]
     current = tuple(current)
+    where = port_pods(cluster)
+    # what each job holds on working ports between two pods (a failed port drops out)
     held_by: dict[str, list[CrossConnect]] = defaultdict(list)
     for cc in current:
-        held_by[cc.job_id].append(cc)
+        a = where.get((cc.oxc_id, cc.port_a))
+        if a is not None and a != where.get((cc.oxc_id, cc.port_b), a):
+            held_by[cc.job_id].append(cc)
     wanted: dict[str, PodCircuits] = {}
     allocated: dict[str, tuple[tuple[str, str, str, int], ...]] = {}
     untouched: list[CrossConnect] = []  # kept jobs' cross-connects, as the OXCs hold them
     untouched_jobs: set[str] = set()
-    where = port_pods(cluster)
     planned: list[_Draft] = []
     for d in drafts:
         if d.reused is None and d.slice.mode not in (MODE_NONE, MODE_ELECTRICAL):
@@ -407,16 +411,8 @@ def plan_fabric(
         if installs and d.reused is not None and held_by.get(job_id):
             # an unchanged allocation keeps exactly the circuits it holds now (its
             # current phase topology included): others' arrivals do not revert it
-            held = [
-                cc
-                for cc in held_by[job_id]
-                if (a := where.get((cc.oxc_id, cc.port_a)))
-                and (b := where.get((cc.oxc_id, cc.port_b)))
-                and a != b
-            ]
-            if held:
-                untouched.extend(held)
-                untouched_jobs.add(job_id)
+            untouched.extend(held_by[job_id])
+            untouched_jobs.add(job_id)
         elif installs and job_id in allocated:
             pass  # mapped on the allocated OXCs below
         elif installs and d.plan.circuits.total:
