@@ -171,8 +171,9 @@ def build_runtime(settings: Settings, cluster: Cluster, *, with_worker: bool = T
         driver = build_driver(settings, cluster)
         services.southbound = driver
         runtime.closers.append(driver.close)
-        registry = services.metrics.registry
-        attach_worker(runtime, settings, cluster, store, bus, driver, WorkerMetrics(registry))
+        metrics = WorkerMetrics(services.metrics.registry)
+        metrics.is_leader.set(1)  # the one worker of this process leads for its whole life
+        attach_worker(runtime, settings, cluster, store, bus, driver, metrics)
     return runtime
 
 

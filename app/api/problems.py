@@ -65,6 +65,9 @@ def problem_response(
     return JSONResponse(body, status_code=status, media_type=PROBLEM_JSON, headers=headers)
 
 
+_ABOVE_MAXIMUM = {"less_than_equal", "less_than"}
+
+
 def _field_errors(exc: RequestValidationError) -> list[dict[str, Any]]:
     fields = []
     for err in exc.errors():
@@ -94,6 +97,11 @@ async def _on_validation(_request: Request, exc: Exception) -> JSONResponse:
             extra={"errors": errors},
         )
     detail = "; ".join(f"{e['field']}: {e['message']}" for e in errors[:5])
+    if all(e["type"] in _ABOVE_MAXIMUM for e in errors):
+        # well-formed numbers past what any real job states (e.g. "parameters": 1e308)
+        return problem_response(
+            422, "Numbers out of range", detail, kind="out-of-range", extra={"errors": errors}
+        )
     return problem_response(
         422, "Invalid request", detail, kind="validation", extra={"errors": errors}
     )

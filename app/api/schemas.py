@@ -10,13 +10,18 @@ from __future__ import annotations
 import datetime as dt
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator
+from pydantic import BaseModel, ConfigDict, Field, Strict, StrictBool, StrictInt, field_validator
 
-from app.engine.job import Collective
+from app.engine.job import MAX_ACTIVATION_BYTES, MAX_COMPUTE_S, MAX_PARAMETERS, Collective
 
 Degree = Annotated[StrictInt, Field(ge=1, le=65536)]
-PositiveNumber = Annotated[float, Field(gt=0, allow_inf_nan=False)]
-NonNegativeNumber = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+# a JSON number (an integer is fine); not true/false and not a numeric string
+Number = Annotated[float, Strict(), Field(allow_inf_nan=False)]
+Parameters = Annotated[Number, Field(gt=0, le=MAX_PARAMETERS)]
+BytesPerParameter = Annotated[Number, Field(gt=0, le=16)]
+ComputeSeconds = Annotated[Number, Field(ge=0, le=MAX_COMPUTE_S)]
+# 10 TB of memory per GPU: far past any GPU, and the memory model stays finite
+MAX_GPU_MEMORY_BYTES = 1e13
 # No "/" (nor anything else a path segment would have to escape): every id the
 # pattern admits is addressable, raw or percent-encoded, by every route.
 JOB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:@+-]{0,199}$"
@@ -43,10 +48,10 @@ class ParallelismIn(_Strict):
 class ModelIn(_Strict):
     """What the launcher knows of the model; every field is optional."""
 
-    parameters: PositiveNumber | None = Field(None, description="parameter count")
-    bytes_per_parameter: Annotated[float, Field(gt=0, le=16, allow_inf_nan=False)] | None = None
-    activation_bytes: NonNegativeNumber | None = Field(
-        None, description="pipeline-boundary activation bytes per micro-batch"
+    parameters: Parameters | None = Field(None, description="parameter count (at most 1e15)")
+    bytes_per_parameter: BytesPerParameter | None = None
+    activation_bytes: Annotated[Number, Field(ge=0, le=MAX_ACTIVATION_BYTES)] | None = Field(
+        None, description="pipeline-boundary activation bytes per micro-batch (at most 1e13)"
     )
     microbatches: Annotated[StrictInt, Field(ge=1, le=1_000_000)] | None = Field(
         None, description="micro-batches per iteration (GPipe)"
@@ -65,9 +70,9 @@ class ModelIn(_Strict):
 class ComputeIn(_Strict):
     """Compute times of one micro-batch and of the optimizer step, in seconds."""
 
-    microbatch_forward_s: NonNegativeNumber | None = None
-    microbatch_backward_s: NonNegativeNumber | None = None
-    optimizer_s: NonNegativeNumber | None = None
+    microbatch_forward_s: ComputeSeconds | None = None
+    microbatch_backward_s: ComputeSeconds | None = None
+    optimizer_s: ComputeSeconds | None = None
 
 
 JOB_EXAMPLE: dict[str, Any] = {
@@ -102,12 +107,12 @@ class JobIn(_Strict):
     deadline: float | dt.datetime | None = Field(
         None, description="epoch seconds or RFC 3339 time; used by the edf queue policy"
     )
-    lease_s: Annotated[float, Field(ge=1, le=86400, allow_inf_nan=False)] | None = Field(
+    lease_s: Annotated[Number, Field(ge=1, le=86400)] | None = Field(
         None,
         description="heartbeat lease: a placed job not heard from (placement, then "
         "POST /v1/jobs/{job_id}/heartbeat) for this long is failed with reason lease_expired",
     )
-    walltime_s: Annotated[float, Field(gt=0, le=31_536_000, allow_inf_nan=False)] | None = Field(
+    walltime_s: Annotated[Number, Field(gt=0, le=31_536_000)] | None = Field(
         None,
         description="runtime estimate; EASY backfill starts this job ahead of a blocked head "
         "only if it ends before the head's reserved start (or avoids its servers)",
@@ -299,7 +304,7 @@ class DemandIn(_Strict):
 
     src: str = Field(min_length=1, max_length=200)
     dst: str = Field(min_length=1, max_length=200)
-    bytes: Annotated[float, Field(ge=0, allow_inf_nan=False)]
+    bytes: Annotated[Number, Field(ge=0)]
 
 
 class ReportIn(_Strict):
@@ -308,7 +313,7 @@ class ReportIn(_Strict):
     job_id: str | None = Field(
         None, pattern=JOB_ID_PATTERN, description="when the network knows it"
     )
-    phase_started_at: Annotated[float, Field(ge=0, allow_inf_nan=False)] = Field(
+    phase_started_at: Annotated[Number, Field(ge=0)] = Field(
         description="epoch seconds when the phase's first bytes were seen"
     )
     demands: list[DemandIn] = Field(min_length=1, max_length=100_000)
@@ -376,8 +381,8 @@ class PredictionOut(BaseModel):
 
 
 class AdviceModelIn(_Strict):
-    parameters: PositiveNumber
-    bytes_per_parameter: Annotated[float, Field(gt=0, le=16, allow_inf_nan=False)] = 2.0
+    parameters: Parameters
+    bytes_per_parameter: BytesPerParameter = 2.0
     hidden_size: Annotated[StrictInt, Field(ge=1)] | None = None
     num_layers: Annotated[StrictInt, Field(ge=1)] | None = None
     seq_len: Annotated[StrictInt, Field(ge=1)] | None = None
@@ -419,7 +424,7 @@ class AdviceIn(_Strict):
 
     model: AdviceModelIn
     parallelism: AdviceParallelismIn
-    gpu_memory_bytes: Annotated[float, Field(gt=0, allow_inf_nan=False)]
+    gpu_memory_bytes: Annotated[Number, Field(gt=0, le=MAX_GPU_MEMORY_BYTES)]
     schedule: Schedule = Field("gpipe", description=SCHEDULE_DESCRIPTION)
 
 

@@ -306,13 +306,13 @@ class _Job:
         return worst
 
     def slowdown(self, port_bps: float) -> float:
-        if self.ideal_s <= 0:
-            return 1.0
+        if not 0 < self.ideal_s < math.inf:
+            return 1.0  # no network time to gain (or numbers past any real job's)
         return (self.d.compute_s + self.net_s(self.have, port_bps)) / self.ideal_s
 
     def pair_slowdown(self, pair: tuple[str, str], circuits: int, port_bps: float) -> float:
         """The slowdown the job would have if `pair` were its only constraint."""
-        if self.ideal_s <= 0:
+        if not 0 < self.ideal_s < math.inf:
             return 1.0
         return (self.d.compute_s + self.bytes[pair] / (circuits * port_bps)) / self.ideal_s
 
@@ -341,6 +341,14 @@ class _Job:
         return worst is not None and have[worst] >= self.cap[worst]
 
 
+def _part(x: float, total: float) -> float:
+    """x's share of total (1 when both are infinite: bytes past any real job's)."""
+    if not total:
+        return 0.0
+    share = x / total
+    return share if share == share else 1.0
+
+
 _Prepared = tuple[
     dict[tuple[str, str], float], dict[tuple[str, str], int], float, tuple[str, ...], frozenset[str]
 ]
@@ -360,12 +368,12 @@ def _prepared(d: JobDemand, port_bps: float) -> _Prepared:
         want = dict(d.want)
         out = pod_bytes(pair)
         for (a, b), x in pair.items():
-            share_a = want.get(a, 0) * x / out[a] if out[a] else 0.0
-            share_b = want.get(b, 0) * x / out[b] if out[b] else 0.0
+            share_a = want.get(a, 0) * _part(x, out[a])
+            share_b = want.get(b, 0) * _part(x, out[b])
             cap[(a, b)] = max(1, math.ceil(min(share_a, share_b)))
     net = max((x / (cap[k] * port_bps) for k, x in pair.items()), default=0.0)
     ideal = d.compute_s + net
-    if net > 0:
+    if 0 < net < math.inf:
         # beyond what brings a pair to the job's slowest ideal pair, circuits gain nothing
         for k, x in pair.items():
             cap[k] = max(1, min(cap[k], math.ceil(x / (net * port_bps) - 1e-9)))

@@ -8,6 +8,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
+# The largest model facts a job may state. Each is far beyond any real model (a
+# quadrillion parameters, 10 TB of activations per micro-batch, a day per
+# micro-batch), and within them every product the engine forms (bytes per
+# iteration, compute seconds, slowdowns) stays finite: a stated 1e308 would make
+# them infinite and the port allocation's arithmetic NaN.
+MAX_PARAMETERS = 1e15
+MAX_ACTIVATION_BYTES = 1e13
+MAX_COMPUTE_S = 86_400.0
+
 
 class Collective(StrEnum):
     """The AllReduce algorithm a launcher may force; `auto` lets the engine choose."""

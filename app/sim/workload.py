@@ -29,7 +29,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from app.engine.job import Collective, ComputeTimes, Job, ModelFacts, Parallelism
+from app.engine.job import (
+    MAX_ACTIVATION_BYTES,
+    MAX_COMPUTE_S,
+    MAX_PARAMETERS,
+    Collective,
+    ComputeTimes,
+    Job,
+    ModelFacts,
+    Parallelism,
+)
 
 from .timing import DEFAULT_GPU_TFLOPS, ideal_iteration_estimate_s, stage_compute
 
@@ -96,6 +105,16 @@ def _int_field(
     return int(value)
 
 
+_FLOAT_MAX = {
+    "parameters": MAX_PARAMETERS,
+    "bytes_per_parameter": 16.0,
+    "activation_bytes": MAX_ACTIVATION_BYTES,
+    "microbatch_forward_s": MAX_COMPUTE_S,
+    "microbatch_backward_s": MAX_COMPUTE_S,
+    "optimizer_s": MAX_COMPUTE_S,
+}
+
+
 def _float_field(where: str, data: Mapping[str, Any], name: str, positive: bool) -> float | None:
     value = data.get(name)
     if value is None:
@@ -103,6 +122,8 @@ def _float_field(where: str, data: Mapping[str, Any], name: str, positive: bool)
     if not _is_number(value) or value < 0 or (positive and value == 0):
         kind = "a positive" if positive else "a non-negative"
         raise WorkloadError(f"{where}: {name} must be {kind} finite number, got {value!r}")
+    if value > _FLOAT_MAX[name]:
+        raise WorkloadError(f"{where}: {name} must be at most {_FLOAT_MAX[name]:g}, got {value!r}")
     return float(value)
 
 

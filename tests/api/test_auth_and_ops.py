@@ -98,6 +98,8 @@ def test_readyz_and_metrics(server: LiveServer) -> None:
         text = c.get("/metrics").text
         assert 'lightpath_jobs{state="placed"} 1.0' in text
         assert "lightpath_free_servers 31.0" in text
+        # serve's worker is the only one and leads: a "no leader" alert must not fire
+        assert "lightpath_worker_is_leader 1.0" in text
         for _ in range(50):  # the worker may still be appending fabric decisions
             last = c.get("/v1/decisions", params={"limit": 1000}).json()["decisions"][-1]["seq"]
             if f"lightpath_decisions {float(last)}" in c.get("/metrics").text:

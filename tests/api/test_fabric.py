@@ -271,3 +271,46 @@ def test_a_job_spanning_pods_is_placed_where_uplinks_are_free(server: LiveServer
         assert r.status_code == 201, r.text
         units = r.json()["placement"]["units"]
         assert {u["server"].split("/")[0] for u in units} == {"pod-2", "pod-3"}
+
+
+def test_a_job_stating_the_largest_numbers_leaves_every_job_served(server: LiveServer) -> None:
+    """A job at the traffic and compute maxima is placed and planned like any other;
+    one past them is refused at the door. (1e307-byte activations over 16 micro-batches
+    once made the allocation's arithmetic NaN, and every fabric pass failed while that
+    job ran: no job got circuits.) Its parameters stay small enough for GPU memory."""
+    big = {
+        "model": {
+            "bytes_per_parameter": 16,
+            "activation_bytes": 1e13,
+            "microbatches": 1_000_000,
+        },
+        "compute": {
+            "microbatch_forward_s": 86_400,
+            "microbatch_backward_s": 86_400,
+            "optimizer_s": 86_400,
+        },
+    }
+    with server.client() as c:
+        for field, value in (
+            ("model", {"activation_bytes": 1e307, "microbatches": 16}),
+            ("compute", {"microbatch_forward_s": 1e308, "microbatch_backward_s": 1e308}),
+        ):
+            body = {"job_id": "too-big", "parallelism": {"dp": 1, "pp": 12}, field: value}
+            r = c.post("/v1/jobs", json=body)
+            assert r.status_code == 422, r.text
+            assert r.json()["type"].endswith("out-of-range")
+        r = c.post(
+            "/v1/jobs", json={"job_id": "largest", "parallelism": {"dp": 1, "pp": 12}, **big}
+        )
+        assert r.status_code in (201, 202), r.text
+        r = c.post("/v1/jobs", json={"job_id": "next", "parallelism": {"dp": 12, "pp": 1}})
+        assert r.status_code == 201, r.text
+        for job_id in ("largest", "next"):
+            job = eventually(lambda j=job_id: (x := c.get(f"/v1/jobs/{j}").json())["network"] and x)
+            if job["state"] != "placed":
+                continue
+            assert job["network"]["mode"] in {"isolated", "shared", "electrical", "none"}
+            slowdown = job["network"]["estimated_slowdown"]
+            assert slowdown is None or slowdown >= 1.0
+        nxt = c.get("/v1/jobs/next").json()
+        assert nxt["network"]["mode"] != "none" and nxt["collective"]

@@ -35,6 +35,34 @@ def test_huge_numbers_are_4xx(server: LiveServer) -> None:
             assert r.status_code == 200, (path, r.text)
 
 
+def test_numbers_must_be_json_numbers(server: LiveServer) -> None:
+    """true is not 1 and "1e9" is not 1e9: `"lease_s": true` once became a one-second
+    lease, and the job was failed as lease_expired a second after placement."""
+    job: dict[str, Any] = {"job_id": "typed", "parallelism": {"dp": 1, "pp": 1}}
+    advice = {"model": {"parameters": 7e9}, "parallelism": {}, "gpu_memory_bytes": 8e10}
+    pair = ["pod-0/tor-0/srv-0", "pod-1/tor-0/srv-0"]
+    with server.client() as c:
+        for field, value in (
+            ("lease_s", True),
+            ("walltime_s", "100"),
+            ("model", {"parameters": "7e9"}),
+            ("model", {"parameters": True}),
+            ("compute", {"optimizer_s": True}),
+        ):
+            r = c.post("/v1/jobs", json={**job, field: value})
+            assert r.status_code == 422, (field, value, r.text)
+            assert r.headers["content-type"].startswith("application/problem+json")
+        for size in (True, "1e9"):
+            r = c.post("/v1/traffic", json=_batch(pair, size))  # type: ignore[arg-type]
+            assert r.status_code == 422, (size, r.text)
+        r = c.post("/v1/advice/batch-size", json={**advice, "gpu_memory_bytes": True})
+        assert r.status_code == 422, r.text
+        # integers are numbers
+        r = c.post("/v1/jobs", json={**job, "lease_s": 60, "walltime_s": 3600})
+        assert r.status_code == 201, r.text
+        assert c.post("/v1/advice/batch-size", json=advice).status_code == 200
+
+
 def _batch(server_ids: list[str], size: float) -> dict[str, Any]:
     a, b = server_ids
     return {
@@ -52,6 +80,8 @@ def test_an_idempotency_key_reused_with_another_batch_is_409(server: LiveServer)
         assert again.status_code == 202 and again.json() == first.json()
         other = c.post("/v1/traffic", json=_batch(pair, 2e9), headers=key)
         assert other.status_code == 409, other.text
+        documented = c.get("/openapi.json").json()["paths"]["/v1/traffic"]["post"]["responses"]
+        assert "409" in documented
         assert other.headers["content-type"].startswith("application/problem+json")
         assert c.post("/v1/traffic", json=_batch(pair, 3e9)).json()["last_seq"] == 2
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 
 from hypothesis import given, settings
@@ -445,3 +446,28 @@ def test_pair_ports_fit_each_pods_uplinks_and_never_exceed_its_nics(
             pairs_at[p] += 1
     for p, n in at.items():
         assert n <= uplinks[p] + pairs_at[p]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    scenarios(),
+    st.sampled_from([math.inf, 1e308]),
+    st.sampled_from(["bytes", "compute", "both"]),
+)
+def test_numbers_past_any_real_job_neither_raise_nor_starve_the_others(
+    case: tuple[Cluster, list[JobDemand], float], huge: float, where: str
+) -> None:
+    """The API refuses such facts; a job whose products still overflow (inf bytes or
+    compute) must not make the arithmetic NaN for every job of the fabric."""
+    cluster, demands, electrical = case
+    d = demands[0]
+    pairs = d.pair_bytes
+    if where in ("bytes", "both"):
+        pairs = tuple((a, b, huge) for a, b, _ in pairs)
+    compute = huge if where in ("compute", "both") else d.compute_s
+    demands[0] = JobDemand(d.job_id, pairs, d.want, compute)
+    alloc = allocate_ports(cluster, demands)
+    _check_budgets(cluster, alloc)
+    _check_served(demands, alloc, electrical)
+    for ja in alloc.jobs:
+        assert not math.isnan(ja.estimated_slowdown), ja

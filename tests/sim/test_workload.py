@@ -62,6 +62,8 @@ def test_reads_a_valid_line_and_round_trips(tmp_path: Path) -> None:
         ({**GOOD, "parallelism": {"dp": True, "pp": 1}}, "dp must be an integer >= 1"),
         ({**GOOD, "collective": "magic"}, "collective must be one of"),
         ({**GOOD, "model": {"parameters": -1}}, "parameters must be a positive"),
+        ({**GOOD, "model": {"activation_bytes": 1e307}}, "activation_bytes must be at most 1e+13"),
+        ({**GOOD, "compute": {"optimizer_s": 1e308}}, "optimizer_s must be at most 86400"),
         ({**GOOD, "job_id": " bad id"}, "is not a valid job id"),
         ([1, 2], "expected a JSON object"),
     ],

@@ -110,6 +110,7 @@ def _refuse(known: frozenset[str], batch: TrafficIn) -> NoReturn:
     operation_id="reportTraffic",
     responses={
         202: {"description": "stored durably (a batch is not addressable: no `Location`)"},
+        409: {"description": "the `Idempotency-Key` was used before with another batch"},
         422: {"description": "invalid fields, unknown servers; the batch is refused whole"},
     },
     # the body is read from its bytes by pydantic's parser (`read_json_body`), not by a
