@@ -217,6 +217,9 @@ def test_answers_match_their_documented_schemas(doc: dict[str, Any], server: Liv
         assert call("post", "/v1/jobs", **malformed).status_code == 400
         assert call("post", "/v1/jobs", json={"job_id": "a/b"}).status_code == 422
         assert call("get", "/v1/jobs", params={"limit": 1}).json()["next"] is not None
+        # two jobs, a page of two: that page is the last, so no `next` (it was the
+        # second job's order, and the page after it was empty)
+        assert call("get", "/v1/jobs", params={"limit": 2}).json()["next"] is None
         assert call("get", "/v1/jobs", params={"state": "nope"}).status_code == 422
         call("get", job, "/v1/jobs/s-1")
         call("get", job, "/v1/jobs/s-2", params={"wait_for": "placed", "timeout_s": 0.2})

@@ -77,6 +77,8 @@ def test_a_report_the_engine_cannot_use_is_set_aside_and_the_cursor_moves_on(
         assert _counted(c, "big") == 3, "reports after the poison one were not consumed"
         page = c.get("/v1/traffic/dead-letters").json()
         assert [d["ord"] for d in page["dead_letters"]] == [1]
+        # a page exactly full with nothing after it is the last page
+        assert c.get("/v1/traffic/dead-letters", params={"limit": 1}).json()["next"] is None
         letter = page["dead_letters"][0]
         assert letter["job_id"] == "big" and letter["reason"]
         assert letter["report"]["demands"] == poison["demands"]

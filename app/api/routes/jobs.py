@@ -323,11 +323,13 @@ async def list_jobs(
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> JSONResponse:
     """Jobs in submission order, a page at a time."""
+    # one row past the page says whether another page follows: `next` is null on the last
     records = await run_in_threadpool(
-        services.store.list_jobs, state, after_order=after, limit=limit
+        services.store.list_jobs, state, after_order=after, limit=limit + 1
     )
-    next_after = records[-1].submitted_order if len(records) == limit else None
-    return JSONResponse({"jobs": [render_job(r) for r in records], "next": next_after})
+    page = records[:limit]
+    next_after = page[-1].submitted_order if len(records) > limit else None
+    return JSONResponse({"jobs": [render_job(r) for r in page], "next": next_after})
 
 
 async def _check_owner(

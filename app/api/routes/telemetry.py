@@ -160,7 +160,10 @@ async def list_dead_letters(
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> JSONResponse:
     """Reports set aside by the worker (its cursor moved past them), oldest first."""
-    rows = await run_in_threadpool(services.traffic.dead_letters, after, limit)
+    # one row past the page says whether another page follows: `next` is null on the last
+    rows = await run_in_threadpool(services.traffic.dead_letters, after, limit + 1)
+    more = len(rows) > limit
+    rows = rows[:limit]
     return JSONResponse(
         {
             "dead_letters": [
@@ -173,7 +176,7 @@ async def list_dead_letters(
                 }
                 for r in rows
             ],
-            "next": rows[-1].ord if len(rows) == limit else None,
+            "next": rows[-1].ord if more else None,
         }
     )
 
