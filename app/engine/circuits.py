@@ -177,6 +177,13 @@ def _route_at(
     return moves
 
 
+# evaluate_circuits is pure, and the controller asks the same of it every iteration
+# of a job (each phase of its learned cycle on each candidate topology): remembered
+# answers, dropped wholesale when this many are held
+_EVAL_MEMO_SIZE = 8192
+_EVAL_MEMO: dict[tuple[object, ...], CircuitPlan] = {}
+
+
 def evaluate_circuits(
     demand: DemandMatrix,
     circuits: PodCircuits,
@@ -186,6 +193,31 @@ def evaluate_circuits(
     solver: str = "greedy",
 ) -> CircuitPlan:
     """Completion time, MLU and paths of `demand` on `circuits` with greedy two-hop routing."""
+    key = (
+        demand,
+        circuits,
+        tuple(ports.get(p, 0) for p in demand.pod_ids),
+        port_gbps,
+        window_s,
+        solver,
+    )
+    hit = _EVAL_MEMO.get(key)
+    if hit is None:
+        hit = _evaluate_circuits(demand, circuits, ports, port_gbps, window_s, solver)
+        if len(_EVAL_MEMO) >= _EVAL_MEMO_SIZE:
+            _EVAL_MEMO.clear()
+        _EVAL_MEMO[key] = hit
+    return hit
+
+
+def _evaluate_circuits(
+    demand: DemandMatrix,
+    circuits: PodCircuits,
+    ports: Mapping[str, int],
+    port_gbps: float,
+    window_s: float | None,
+    solver: str,
+) -> CircuitPlan:
     pods = demand.pod_ids
     d = [list(r) for r in demand.bytes]
     bw = port_gbps * 1e9 / 8

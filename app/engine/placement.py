@@ -163,14 +163,18 @@ def place_job(
     reasons = never_fits(cluster, job)
     if reasons:
         return Unplaceable(job.job_id, reasons, never_fits=True)
+    if len(free) < job.parallelism.servers:
+        # what `_choose_slots` would find, without scanning the cluster: a full
+        # cluster's queue asks this of every queued job at every event
+        return Unplaceable(job.job_id, (NOT_NOW_BUSY,))
     agg = aggregator_free_gbps or {}
     ports = (
         dict(ports_free) if ports_free is not None else {p.id: p.uplink_ports for p in cluster.pods}
     )
-    ledger = _ledger(cluster, agg)
     slots = _choose_slots(cluster, free, job, agg, ports)
     if slots is None:
         return Unplaceable(job.job_id, (NOT_NOW_BUSY,))
+    ledger = _ledger(cluster, agg)
     pods = len({s.pod_id for s in slots})
     # every candidate layout uses the same servers: look their pods and ToRs up once
     pod_of = {s: slot.pod_id for slot in slots for s in slot.servers}
@@ -236,15 +240,7 @@ def _choose_slots(
     """
     ep = job.parallelism.ep
     need = job.parallelism.dp * job.parallelism.pp
-    free_by_tor: dict[str, list[str]] = {}
-    pod_free: dict[str, int] = {}
-    for pod_id, tors in _server_ids(cluster):
-        count = 0
-        for tor_id, ids in tors:
-            here = [s for s in ids if s in free]
-            free_by_tor[tor_id] = here
-            count += len(here)
-        pod_free[pod_id] = count
+    free_by_tor, pod_free = _free_servers(cluster, free)
     pod_cap = {p: n // ep for p, n in pod_free.items()}
     if sum(pod_cap.values()) < need:
         return None
@@ -274,6 +270,58 @@ def _server_ids(
         _IDS.clear()
     _IDS[id(cluster)] = (cluster, ids)
     return ids
+
+
+def _free_servers(
+    cluster: Cluster, free: Set[str], visit_free: bool | None = None
+) -> tuple[dict[str, list[str]], dict[str, int]]:
+    """Free server ids per ToR in fabric order, and free servers per pod.
+
+    With few free servers (a busy cluster; `visit_free` None decides by count) it
+    visits them rather than the whole fabric: the same answer either way.
+    """
+    free_by_tor: dict[str, list[str]] = {}
+    pod_free: dict[str, int] = {}
+    layout, position = _server_ids(cluster), _positions(cluster)
+    if visit_free is None:
+        visit_free = len(free) * 4 < len(position)
+    found: dict[str, list[tuple[int, str]]] = {}
+    if visit_free:
+        for s in free:
+            at = position.get(s)
+            if at is not None:
+                found.setdefault(at[0], []).append((at[1], s))
+    for pod_id, tors in layout:
+        count = 0
+        for tor_id, ids in tors:
+            if visit_free:
+                here = [s for _, s in sorted(found.get(tor_id, ()))]
+            else:
+                here = [s for s in ids if s in free]
+            free_by_tor[tor_id] = here
+            count += len(here)
+        pod_free[pod_id] = count
+    return free_by_tor, pod_free
+
+
+_POSITIONS: dict[int, tuple[Cluster, dict[str, tuple[str, int]]]] = {}
+
+
+def _positions(cluster: Cluster) -> dict[str, tuple[str, int]]:
+    """Server id -> (ToR id, fabric position), memoised per cluster value."""
+    hit = _POSITIONS.get(id(cluster))
+    if hit is not None and hit[0] is cluster:
+        return hit[1]
+    where = {
+        s: (tor_id, i)
+        for i, (s, tor_id) in enumerate(
+            (s, tor_id) for _, tors in _server_ids(cluster) for tor_id, ids in tors for s in ids
+        )
+    }
+    if len(_POSITIONS) > 8:
+        _POSITIONS.clear()
+    _POSITIONS[id(cluster)] = (cluster, where)
+    return where
 
 
 def _slots_in_pod(

@@ -102,12 +102,12 @@ class DemandMatrix:
 
     def entries(self) -> tuple[tuple[str, str, float], ...]:
         """Non-zero (src_pod, dst_pod, bytes) entries in matrix order."""
-        return tuple(
-            (p, q, b)
-            for p, row in zip(self.pod_ids, self.bytes, strict=True)
-            for q, b in zip(self.pod_ids, row, strict=True)
-            if b > 0
-        )
+        ids = self.pod_ids
+        out: list[tuple[str, str, float]] = []
+        for p, row in zip(ids, self.bytes, strict=True):
+            if any(row):  # most rows of a cluster-wide matrix are all zero: skip them in C
+                out.extend((p, q, b) for q, b in zip(ids, row, strict=True) if b > 0)
+        return tuple(out)
 
     @staticmethod
     def from_pairs(pairs: Iterable[tuple[str, str, float]]) -> DemandMatrix:

@@ -13,6 +13,7 @@ from app.engine.job import Collective, Job, ModelFacts, Parallelism, Placement, 
 from app.engine.placement import (
     NOT_NOW_BUSY,
     NOT_NOW_SPREAD,
+    _free_servers,
     fewest_pods,
     never_fits,
     place_job,
@@ -457,3 +458,24 @@ def test_placement_invariants_hold_over_arrivals_and_completions(
     held = [s for servers in running.values() for s in servers]
     assert len(held) == len(set(held)) and free.isdisjoint(held)
     assert free | set(held) == set(cluster.server_ids)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_free_servers_are_the_same_visited_by_server_or_by_fabric(data: st.DataObject) -> None:
+    """A busy cluster's free servers are found by visiting them, an idle one's by
+    walking the fabric; both give the same ToR lists in fabric order (placement,
+    and so every layout, depends on that order)."""
+    cluster = data.draw(st.sampled_from([SEED, preset("small")]))
+    ids = list(cluster.server_ids)
+    free = set(data.draw(st.lists(st.sampled_from(ids), max_size=len(ids) // 3)))
+    free |= set(data.draw(st.lists(st.sampled_from(["not-a-server", "pod-9/x"]), max_size=2)))
+    by_server = _free_servers(cluster, free, visit_free=True)
+    by_fabric = _free_servers(cluster, free, visit_free=False)
+    assert by_server == by_fabric
+    assert sum(by_fabric[1].values()) == len(free & set(ids))
+    # fewer free servers than the job needs: busy at once, as the full scan says
+    job = _job(max(1, len(free) + 1))
+    if not never_fits(cluster, job):
+        result = place_job(cluster, free, job)
+        assert isinstance(result, Unplaceable) and result.reasons == (NOT_NOW_BUSY,)
