@@ -81,15 +81,21 @@ def test_what_pydantic_reads_from_bytes_json_loads_reads_the_same(body: bytes) -
     assert fast == slow
 
 
+def _one(size: Any) -> bytes:
+    demand = {"src": SERVERS[0], "dst": SERVERS[1], "bytes": size}
+    return json.dumps({"reports": [{"phase_started_at": 1, "demands": [demand]}]}).encode()
+
+
 def test_the_generator_makes_batches_both_ways_accept() -> None:
-    body = json.dumps(
-        {
-            "reports": [
-                {
-                    "phase_started_at": 1,
-                    "demands": [{"src": SERVERS[0], "dst": SERVERS[1], "bytes": "12"}],
-                }
-            ]
-        }
-    ).encode()
+    body = _one(12)  # an integer is a number
     assert TrafficIn.model_validate_json(body) == TrafficIn.model_validate(json.loads(body))
+    for odd in ("12", True):  # a numeric string or a boolean is not, either way
+        for read in (
+            TrafficIn.model_validate_json,
+            lambda b: TrafficIn.model_validate(json.loads(b)),
+        ):
+            try:
+                read(_one(odd))
+            except ValidationError:
+                continue
+            raise AssertionError(f"bytes {odd!r} was accepted")
