@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -201,12 +201,27 @@ def evaluate_circuits(
         window_s,
         solver,
     )
-    hit = _EVAL_MEMO.get(key)
+    return _remembered(
+        _EVAL_MEMO,
+        _EVAL_MEMO_SIZE,
+        key,
+        lambda: _evaluate_circuits(demand, circuits, ports, port_gbps, window_s, solver),
+    )
+
+
+def _remembered(
+    memo: dict[tuple[object, ...], CircuitPlan],
+    size: int,
+    key: tuple[object, ...],
+    compute: Callable[[], CircuitPlan],
+) -> CircuitPlan:
+    """memo[key], computed once; the memo is dropped wholesale when it holds `size`."""
+    hit = memo.get(key)
     if hit is None:
-        hit = _evaluate_circuits(demand, circuits, ports, port_gbps, window_s, solver)
-        if len(_EVAL_MEMO) >= _EVAL_MEMO_SIZE:
-            _EVAL_MEMO.clear()
-        _EVAL_MEMO[key] = hit
+        hit = compute()
+        if len(memo) >= size:
+            memo.clear()
+        memo[key] = hit
     return hit
 
 
@@ -446,13 +461,12 @@ def plan_circuits(
         improve_rounds,
         lp_max_pods,
     )
-    hit = _PLAN_MEMO.get(key)
-    if hit is None:
-        hit = _plan_circuits(demand, ports, port_gbps, window_s, improve_rounds, lp_max_pods)
-        if len(_PLAN_MEMO) >= _PLAN_MEMO_SIZE:
-            _PLAN_MEMO.clear()
-        _PLAN_MEMO[key] = hit
-    return hit
+    return _remembered(
+        _PLAN_MEMO,
+        _PLAN_MEMO_SIZE,
+        key,
+        lambda: _plan_circuits(demand, ports, port_gbps, window_s, improve_rounds, lp_max_pods),
+    )
 
 
 def _plan_circuits(
