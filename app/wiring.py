@@ -271,9 +271,8 @@ def build_api_runtime(settings: Settings, cluster: Cluster) -> Runtime:
     else:
         runtime.closers.append(services.traffic.close)
     runtime.closers.append(bus.close)
-    if settings.southbound_url:  # only for /readyz: the worker drives the switches
-        services.southbound = HttpDriver(settings.southbound_url, token=_southbound_token(settings))
-        runtime.closers.append(services.southbound.close)
+    # no southbound here: the worker drives the switches and its own /readyz probes
+    # them; launchers submit and complete jobs through an API whose switches are down
     return runtime
 
 

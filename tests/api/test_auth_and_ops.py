@@ -11,7 +11,7 @@ import pytest
 from pydantic import SecretStr
 
 from app.settings import Settings, parse_tokens
-from tests.support import LiveServer
+from tests.support import LiveServer, free_port
 
 TOKENS = "launcher=launch-secret-1,telemetry=tele-secret-2,operator=op-secret-3"
 
@@ -110,6 +110,24 @@ def test_readyz_and_metrics(server: LiveServer) -> None:
         assert (
             'lightpath_http_request_duration_seconds_count{method="POST",route="/v1/jobs"' in text
         )
+
+
+def test_the_api_is_ready_while_the_switch_adapter_is_down(settings: Settings) -> None:
+    """The API process does not drive the switches: with LIGHTPATH_SOUTHBOUND_URL
+    pointing nowhere it is ready and takes jobs (it answered 503 'southbound
+    unreachable' and a Kubernetes readiness probe took every replica out)."""
+    dead = f"http://127.0.0.1:{free_port()}"
+    live = LiveServer(settings.model_copy(update={"southbound_url": dead}), api_only=True)
+    live.start()
+    try:
+        with live.client() as c:
+            ready = c.get("/readyz")
+            assert ready.status_code == 200, ready.text
+            assert set(ready.json()["checks"]) == {"database", "bus"}
+            body = {"job_id": "while-down", "parallelism": {"dp": 1, "pp": 1}}
+            assert c.post("/v1/jobs", json=body).status_code in (201, 202)
+    finally:
+        live.stop()
 
 
 def test_openapi_documents_every_contract_path(server: LiveServer) -> None:
