@@ -12,13 +12,19 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, Strict, StrictBool, StrictInt, field_validator
 
-from app.engine.job import MAX_ACTIVATION_BYTES, MAX_COMPUTE_S, MAX_PARAMETERS, Collective
+from app.engine.job import (
+    MAX_ACTIVATION_BYTES,
+    MAX_BYTES_PER_PARAMETER,
+    MAX_COMPUTE_S,
+    MAX_PARAMETERS,
+    Collective,
+)
 
 Degree = Annotated[StrictInt, Field(ge=1, le=65536)]
 # a JSON number (an integer is fine); not true/false and not a numeric string
 Number = Annotated[float, Strict(), Field(allow_inf_nan=False)]
 Parameters = Annotated[Number, Field(gt=0, le=MAX_PARAMETERS)]
-BytesPerParameter = Annotated[Number, Field(gt=0, le=16)]
+BytesPerParameter = Annotated[Number, Field(gt=0, le=MAX_BYTES_PER_PARAMETER)]
 ComputeSeconds = Annotated[Number, Field(ge=0, le=MAX_COMPUTE_S)]
 # 10 TB of memory per GPU: far past any GPU, and the memory model stays finite
 MAX_GPU_MEMORY_BYTES = 1e13

@@ -124,6 +124,11 @@ class Cluster:
         return tuple(s.id for p in self.pods for t in p.tors for s in t.servers)
 
     @cached_property
+    def server_position(self) -> dict[str, int]:
+        """Server id -> its place in fabric order (the order of `server_ids`)."""
+        return {s: i for i, s in enumerate(self.server_ids)}
+
+    @cached_property
     def tors_by_id(self) -> dict[str, Tor]:
         return {t.id: t for p in self.pods for t in p.tors}
 

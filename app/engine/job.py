@@ -14,6 +14,7 @@ from enum import StrEnum
 # iteration, compute seconds, slowdowns) stays finite: a stated 1e308 would make
 # them infinite and the port allocation's arithmetic NaN.
 MAX_PARAMETERS = 1e15
+MAX_BYTES_PER_PARAMETER = 16.0  # fp64 gradients with fp64 master weights
 MAX_ACTIVATION_BYTES = 1e13
 MAX_COMPUTE_S = 86_400.0
 

@@ -282,16 +282,15 @@ def _free_servers(
     """
     free_by_tor: dict[str, list[str]] = {}
     pod_free: dict[str, int] = {}
-    layout, position = _server_ids(cluster), _positions(cluster)
     if visit_free is None:
-        visit_free = len(free) * 4 < len(position)
+        visit_free = len(free) * 4 < cluster.server_count
     found: dict[str, list[tuple[int, str]]] = {}
     if visit_free:
+        position = cluster.server_position
         for s in free:
-            at = position.get(s)
-            if at is not None:
-                found.setdefault(at[0], []).append((at[1], s))
-    for pod_id, tors in layout:
+            if cluster.has_server(s):
+                found.setdefault(cluster.server(s).tor_id, []).append((position[s], s))
+    for pod_id, tors in _server_ids(cluster):
         count = 0
         for tor_id, ids in tors:
             if visit_free:
@@ -302,26 +301,6 @@ def _free_servers(
             count += len(here)
         pod_free[pod_id] = count
     return free_by_tor, pod_free
-
-
-_POSITIONS: dict[int, tuple[Cluster, dict[str, tuple[str, int]]]] = {}
-
-
-def _positions(cluster: Cluster) -> dict[str, tuple[str, int]]:
-    """Server id -> (ToR id, fabric position), memoised per cluster value."""
-    hit = _POSITIONS.get(id(cluster))
-    if hit is not None and hit[0] is cluster:
-        return hit[1]
-    where = {
-        s: (tor_id, i)
-        for i, (s, tor_id) in enumerate(
-            (s, tor_id) for _, tors in _server_ids(cluster) for tor_id, ids in tors for s in ids
-        )
-    }
-    if len(_POSITIONS) > 8:
-        _POSITIONS.clear()
-    _POSITIONS[id(cluster)] = (cluster, where)
-    return where
 
 
 def _slots_in_pod(

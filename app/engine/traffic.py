@@ -195,24 +195,9 @@ def pod_of(cluster: Cluster, endpoint: str) -> str | None:
     return endpoint if endpoint in cluster.pods_by_id else None
 
 
-_ORDER: dict[int, tuple[Cluster, dict[str, int]]] = {}
-
-
-def _server_order(cluster: Cluster) -> dict[str, int]:
-    """Server id -> fabric position (memoised per cluster value)."""
-    hit = _ORDER.get(id(cluster))
-    if hit is not None and hit[0] is cluster:
-        return hit[1]
-    order = {s: i for i, s in enumerate(cluster.server_ids)}
-    if len(_ORDER) > 8:  # a handful of clusters per process; keep the memo small
-        _ORDER.clear()
-    _ORDER[id(cluster)] = (cluster, order)
-    return order
-
-
 def dp_groups(cluster: Cluster, placement: Placement) -> tuple[tuple[str, ...], ...]:
     """Servers of each DP group (same stage and EP rank), sorted by fabric position."""
-    order = _server_order(cluster)
+    order = cluster.server_position
     groups: dict[tuple[int, int], list[str]] = defaultdict(list)
     for u in placement.units:
         groups[(u.stage, u.ep_rank)].append(u.server)

@@ -31,6 +31,7 @@ from typing import Any
 
 from app.engine.job import (
     MAX_ACTIVATION_BYTES,
+    MAX_BYTES_PER_PARAMETER,
     MAX_COMPUTE_S,
     MAX_PARAMETERS,
     Collective,
@@ -107,7 +108,7 @@ def _int_field(
 
 _FLOAT_MAX = {
     "parameters": MAX_PARAMETERS,
-    "bytes_per_parameter": 16.0,
+    "bytes_per_parameter": MAX_BYTES_PER_PARAMETER,
     "activation_bytes": MAX_ACTIVATION_BYTES,
     "microbatch_forward_s": MAX_COMPUTE_S,
     "microbatch_backward_s": MAX_COMPUTE_S,
