@@ -190,7 +190,9 @@ class NetworkOut(BaseModel):
     )
     pod_ports: dict[str, int] = Field(description="uplink ports per pod it holds or takes turns on")
     estimated_slowdown: float | None = Field(
-        None, description="iteration time on this allocation over a non-blocking one (estimate)"
+        None,
+        description="iteration time on this allocation over a non-blocking one (estimate, at "
+        "least 1); the non-blocking iteration is fixed at arrival, so failed ports only raise it",
     )
     reason: str = ""
 

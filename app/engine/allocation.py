@@ -284,6 +284,13 @@ def compute_estimate_s(job: Job) -> float:
 # ------------------------------------------------------------------ estimates
 
 
+def ideal_iteration_s(d: JobDemand, port_gbps: float) -> float:
+    """The job's iteration on the circuits that make it non-blocking (as its pods stood
+    when the demand was taken): what every estimated slowdown of the job is measured
+    against, in the allocation and in the job's `network` view alike."""
+    return _prepared(d, port_gbps * 1e9 / 8)[2]
+
+
 class _Job:
     """Mutable working state of one job during allocation."""
 

@@ -46,10 +46,10 @@ from .allocation import (
     JobDemand,
     PortAllocation,
     allocate_ports,
-    compute_estimate_s,
+    ideal_iteration_s,
     job_demand,
 )
-from .circuits import PodCircuits, evaluate_circuits, port_bound_s
+from .circuits import PodCircuits, evaluate_circuits
 from .cluster import Cluster
 from .collective import AggregatorLedger, choose_iteration_collective
 from .cross_connects import (
@@ -71,7 +71,6 @@ from .fabric import (
     PlacedJob,
     RoutingDecision,
     collective_traffic,
-    combined_demand,
     diff_plans,
     plan_fabric,
     plan_topology,
@@ -1120,19 +1119,17 @@ def network_view(state: ControllerState, job_id: str) -> NetworkView | None:
     else:
         ports = jf.slice.pod_ports
     net_s = jf.plan.completion_s
-    demand = _job_demand(cluster, state, jf)
-    best_s = (
-        port_bound_s(demand, {p.id: p.uplink_ports for p in cluster.pods}, cluster.nic_gbps)
-        if demand.total_bytes
-        else 0.0
-    )
-    compute_s = compute_estimate_s(_job_of(state, job_id))
+    # the same yardstick as the allocation's estimate (and the reason's figure): the
+    # job's iteration on non-blocking circuits as its pods stood at arrival, so losing
+    # ports or circuits can only raise the figure
+    demand = state.demands.get(job_id) or job_demand(cluster, _job_of(state, job_id), jf.placement)
+    alone = ideal_iteration_s(demand, cluster.nic_gbps)
     sharers = len(state.turn_order) if shared else 1
     turn_s = state.config.turn_s
     overhead = 1.0 / max(1e-9, 1.0 - state.config.reconfig_ms / 1000.0 / turn_s) if shared else 1.0
-    alone = compute_s + best_s
-    now = compute_s + net_s * sharers * overhead
-    slowdown = round(now / alone, 4) if alone > 0 and math.isfinite(now) else None
+    now = demand.compute_s + net_s * sharers * overhead
+    finite = 0 < alone < math.inf and math.isfinite(now)
+    slowdown = round(max(1.0, now / alone), 4) if finite else None
     mode = NETWORK_SHARED if shared else NETWORK_ISOLATED
     reason = jf.slice.reason + (f"; takes turns with {sharers - 1} other job(s)" if shared else "")
     return NetworkView(mode, tuple(ports), slowdown, reason)
@@ -1148,11 +1145,6 @@ def free_uplinks(state: ControllerState) -> dict[str, int]:
             for pod, n in ja.pod_ports:
                 held[pod] = held.get(pod, 0.0) + n
     return uplinks_free(state.cluster, held)
-
-
-def _job_demand(cluster: Cluster, state: ControllerState, jf: JobFabric) -> DemandMatrix:
-    traffic = collective_traffic(cluster, _job_of(state, jf.job_id), jf.placement, jf.collective)
-    return combined_demand(traffic)
 
 
 __all__ = [
