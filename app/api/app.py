@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import FastAPI
 
 from .deps import Services
-from .middleware import BodyLimit, CachedJobViews, RequestTiming
+from .middleware import BodyLimit, CachedJobViews, JsonBodies, RequestTiming
 from .openapi import install_openapi_and_docs
 from .problems import install_problem_handlers
 from .routes import advice, fabric, jobs, ops, telemetry
@@ -48,6 +48,7 @@ def create_app(services: Services) -> FastAPI:
     for router in (jobs.router, telemetry.router, advice.router, fabric.router, ops.router):
         app.include_router(router)
     app.add_middleware(CachedJobViews, services=services)
+    app.add_middleware(JsonBodies)
     app.add_middleware(BodyLimit, max_bytes=services.settings.max_body_bytes)
     app.add_middleware(RequestTiming, metrics=metrics)
 

@@ -23,12 +23,15 @@ from starlette.exceptions import HTTPException
 
 M = TypeVar("M", bound=BaseModel)
 
+# methods whose body, when one is sent, must be JSON (`middleware.JsonBodies`)
+BODY_METHODS = frozenset({"post", "put", "patch"})
+
 
 async def read_json_body(request: Request, model: type[M]) -> M:
     """The request body as `model`; raises what FastAPI raises for a body parameter."""
     body = await request.body()
     content_type = request.headers.get("content-type")
-    if body and _is_json(content_type):
+    if body and is_json(content_type):
         try:
             return model.model_validate_json(body)
         except ValidationError:
@@ -36,7 +39,7 @@ async def read_json_body(request: Request, model: type[M]) -> M:
     return _validated_as_fastapi_does(body, content_type, model)
 
 
-def _is_json(content_type: str | None) -> bool:
+def is_json(content_type: str | None) -> bool:
     """FastAPI's rule: application/json or application/*+json (parameters allowed)."""
     if content_type is None:
         return False  # a body without a type is not read as JSON (strict content type)
@@ -57,7 +60,7 @@ def _validated_as_fastapi_does(body: bytes, content_type: str | None, model: typ
             [{"type": "missing", "loc": ("body",), "msg": "Field required", "input": None}]
         )
     value: Any = body
-    if _is_json(content_type):
+    if is_json(content_type):
         try:
             value = json.loads(body)
         except json.JSONDecodeError as exc:

@@ -7,6 +7,7 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from .bodies import BODY_METHODS, is_json
 from .deps import Services, admits, scope_of
 from .metrics import ApiMetrics
 from .problems import problem_response
@@ -70,6 +71,36 @@ class BodyLimit:
             kind="too-large",
         )
         await response(scope, receive, send)
+
+
+class JsonBodies:
+    """Refuse a request body that is not declared JSON with 415, before any route reads it.
+
+    Every body the API takes is JSON; without this a form-encoded body (what
+    `curl -d` sends) reached validation and came back as a puzzling 422.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"].lower() in BODY_METHODS:
+            headers = dict(scope.get("headers") or ())
+            length = headers.get(b"content-length", b"")
+            sent = (length.isdigit() and int(length) > 0) or b"transfer-encoding" in headers
+            kind = headers.get(b"content-type")
+            declared = kind.decode("latin-1") if kind is not None else None
+            if sent and not is_json(declared):
+                response = problem_response(
+                    415,
+                    "Unsupported media type",
+                    "request bodies are JSON: send them with Content-Type: application/json"
+                    f" (this one came as {declared or 'no Content-Type'})",
+                    kind="unsupported-media-type",
+                )
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 class RequestTiming:

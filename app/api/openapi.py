@@ -24,6 +24,7 @@ from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 from starlette.staticfiles import StaticFiles
 
+from .bodies import BODY_METHODS
 from .problems import PROBLEM_JSON
 
 ASSETS = "/docs/assets"
@@ -63,6 +64,7 @@ DEFAULT_ERRORS = {
     403: "the token's scope does not allow this call",
     404: "no such job",
     413: "the body exceeds LIGHTPATH_MAX_BODY_BYTES",
+    415: "a body was sent with a Content-Type other than application/json",
     422: "invalid path, query or body fields (`errors` lists them)",
     503: "the database is busy or unreachable; nothing was done: retry after `Retry-After` seconds",
 }
@@ -109,11 +111,13 @@ def _problem_content() -> dict[str, Any]:
     return {PROBLEM_JSON: {"schema": {"$ref": "#/components/schemas/Problem"}}}
 
 
-def _error_statuses(path: str, op: dict[str, Any]) -> set[int]:
+def _error_statuses(path: str, method: str, op: dict[str, Any]) -> set[int]:
     """The error statuses an operation can answer, read from what it takes."""
     statuses: set[int] = set()
     if "requestBody" in op:
         statuses |= {400, 413, 422}
+    if method in BODY_METHODS:
+        statuses.add(415)  # `middleware.JsonBodies`: any body it is sent must be JSON
     if op.get("parameters"):
         statuses.add(422)
     for requirement in op.get("security", ()):
@@ -127,9 +131,11 @@ def _error_statuses(path: str, op: dict[str, Any]) -> set[int]:
     return statuses
 
 
-def _document_operation(path: str, op: dict[str, Any], schemas: dict[str, Any]) -> None:
+def _document_operation(
+    path: str, method: str, op: dict[str, Any], schemas: dict[str, Any]
+) -> None:
     responses: dict[str, Any] = op.setdefault("responses", {})
-    for code in _error_statuses(path, op):
+    for code in _error_statuses(path, method, op):
         responses.setdefault(str(code), {"description": DEFAULT_ERRORS[code]})
         if code == 503:
             responses[str(code)].setdefault("headers", {})["Retry-After"] = {
@@ -172,8 +178,8 @@ def build_openapi(app: FastAPI) -> dict[str, Any]:
     schemas.pop("HTTPValidationError", None)
     schemas.pop("ValidationError", None)
     for path, operations in schema.get("paths", {}).items():
-        for op in operations.values():
-            _document_operation(path, op, schemas)
+        for method, op in operations.items():
+            _document_operation(path, method, op, schemas)
     return schema
 
 

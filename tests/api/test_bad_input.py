@@ -64,6 +64,27 @@ def test_malformed_json_and_wrong_media_are_4xx(server: LiveServer) -> None:
         assert c.get("/v1/jobs").json()["jobs"] == []
 
 
+def test_a_body_not_sent_as_json_is_415_and_json_with_parameters_is_read(
+    server: LiveServer,
+) -> None:
+    raw = json.dumps(GOOD).encode()
+    with server.client() as c:
+        for kind in ("text/plain", "application/x-www-form-urlencoded", None):
+            headers = {"content-type": kind} if kind else {}
+            for path in ("/v1/jobs", "/v1/traffic", "/v1/jobs/ok/fail"):
+                r = c.post(path, content=raw, headers=headers)
+                assert r.status_code == 415, (kind, path, r.text)
+                assert r.headers["content-type"] == "application/problem+json"
+                assert "application/json" in r.json()["detail"]
+        assert c.get("/v1/jobs").json()["jobs"] == []
+        # a bodiless POST needs no type; a JSON type with parameters is JSON
+        assert c.post("/v1/jobs/ok/heartbeat").status_code == 404
+        r = c.post(
+            "/v1/jobs", content=raw, headers={"content-type": "application/json; charset=utf-8"}
+        )
+        assert r.status_code in (201, 202), r.text
+
+
 def test_nan_in_numbers_is_refused(server: LiveServer) -> None:
     raw = b'{"job_id": "n", "parallelism": {"dp": 1, "pp": 1}, "model": {"parameters": NaN}}'
     with server.client() as c:
