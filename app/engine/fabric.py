@@ -15,8 +15,8 @@ collective and its cross-connects while its placement is unchanged, so an
 arrival or completion never disturbs the other jobs.
 
 The installed topology of a job is planned for its pp+dp demand together (the
-steady wiring between phase changes); per-phase plans are in `phase_plans` for
-the predictor to switch between inside the same slice.
+steady wiring between phase changes); `phase_plan` plans one phase's own
+circuits inside the same slice, when a policy asks for them.
 """
 
 from __future__ import annotations
@@ -129,7 +129,6 @@ class JobFabric:
     collective: CollectiveChoice
     slice: JobSlice
     plan: CircuitPlan  # the installed (pp+dp) topology, evaluated on realised circuits
-    phase_plans: tuple[tuple[str, CircuitPlan], ...]
     circuits: PodCircuits  # realised by this job's cross-connects (empty while off-turn)
     routing: tuple[RoutingDecision, ...]
 
@@ -183,6 +182,12 @@ def plan_topology(
     """The circuit plan for one phase's pod demand within `ports` (default: all uplinks)."""
     budget = dict(ports) if ports is not None else {p.id: p.uplink_ports for p in cluster.pods}
     return plan_circuits(pod_demand, budget, cluster.nic_gbps)
+
+
+def phase_plan(cluster: Cluster, jf: JobFabric, pod_demand: DemandMatrix) -> CircuitPlan:
+    """One phase's own circuits inside the job's isolated slice: what rewiring for that
+    phase alone would install (planned on the pods the phase touches)."""
+    return plan_circuits(_restrict(pod_demand), dict(jf.slice.pod_ports), cluster.nic_gbps)
 
 
 def _cross_pod_ports(
@@ -271,7 +276,6 @@ class _Draft:
     traffic: tuple[PhaseTraffic, ...]
     combined: DemandMatrix
     plan: CircuitPlan
-    phase_plans: tuple[tuple[str, CircuitPlan], ...]
     reused: JobFabric | None
 
 
@@ -327,7 +331,6 @@ def plan_fabric(
                     traffic,
                     combined_demand(traffic),
                     _EMPTY_PLAN,
-                    (),
                     None,
                 )
             )
@@ -343,7 +346,6 @@ def plan_fabric(
                     (),
                     _NO_DEMAND,
                     old.plan,
-                    old.phase_plans,
                     old,
                 )
             )
@@ -359,7 +361,7 @@ def plan_fabric(
         else:
             slc = _slice(cluster, job_id, combined, pj.placement, free)
         drafts.append(
-            _Draft(pj.job, pj.placement, choice, slc, traffic, combined, _EMPTY_PLAN, (), None)
+            _Draft(pj.job, pj.placement, choice, slc, traffic, combined, _EMPTY_PLAN, None)
         )
     if allocation is None:
         drafts, free = _reclaim_for_turns(cluster, drafts, free)
@@ -399,12 +401,7 @@ def plan_fabric(
                 allocated[d.job.job_id] = ja.circuits
             else:
                 plan = plan_circuits(_restrict(d.combined), budget, cluster.nic_gbps)
-            phase_plans = tuple(
-                (t.phase, plan_circuits(_restrict(t.pod_demand), budget, cluster.nic_gbps))
-                for t in d.traffic
-                if t.phase in (PHASE_PP, PHASE_DP)
-            )
-            d = _replace_plan(d, plan, phase_plans)
+            d.plan = plan
         planned.append(d)
         job_id = d.job.job_id
         installs = d.slice.mode == MODE_ISOLATED or (tdm and tdm[0] == job_id)
@@ -563,7 +560,6 @@ def _on_slice(d: _Draft, slc: JobSlice, traffic: tuple[PhaseTraffic, ...]) -> _D
         traffic,
         combined_demand(traffic),
         _EMPTY_PLAN,
-        (),
         None,
     )
 
@@ -592,22 +588,6 @@ def _restrict(demand: DemandMatrix) -> DemandMatrix:
     return DemandMatrix.from_entries(pods, demand.entries())
 
 
-def _replace_plan(
-    d: _Draft, plan: CircuitPlan, phase_plans: tuple[tuple[str, CircuitPlan], ...]
-) -> _Draft:
-    return _Draft(
-        d.job,
-        d.placement,
-        d.collective,
-        d.slice,
-        d.traffic,
-        d.combined,
-        plan,
-        phase_plans,
-        d.reused,
-    )
-
-
 def _finish(cluster: Cluster, d: _Draft, real: PodCircuits) -> JobFabric:
     """Evaluate the job on its realised circuits and write its routing headers."""
     job_id = d.job.job_id
@@ -618,7 +598,7 @@ def _finish(cluster: Cluster, d: _Draft, real: PodCircuits) -> JobFabric:
         routing = route_phases(
             cluster, job_id, traffic, d.collective, real, budget, electrical=True
         )
-        return JobFabric(job_id, d.placement, d.collective, d.slice, plan, (), real, routing)
+        return JobFabric(job_id, d.placement, d.collective, d.slice, plan, real, routing)
     if d.slice.mode == MODE_ISOLATED:
         combined = d.combined if d.combined.pod_ids else combined_demand(traffic)
         plan = evaluate_circuits(_restrict(combined), real, budget, cluster.nic_gbps)
@@ -628,7 +608,7 @@ def _finish(cluster: Cluster, d: _Draft, real: PodCircuits) -> JobFabric:
         circuits = real if real.total else d.plan.circuits
         choice = reestimate(choice, cluster, d.job, d.placement, circuits.gbps(cluster.nic_gbps))
     routing = route_phases(cluster, job_id, traffic, choice, real, budget)
-    return JobFabric(job_id, d.placement, choice, d.slice, plan, d.phase_plans, real, routing)
+    return JobFabric(job_id, d.placement, choice, d.slice, plan, real, routing)
 
 
 def route_phases(

@@ -42,7 +42,13 @@ from app.engine.circuits import PodCircuits, evaluate_circuits
 from app.engine.cluster import Cluster
 from app.engine.collective import ALPHA_RING_S, AggregatorLedger, estimate_costs
 from app.engine.controller import ControllerState
-from app.engine.fabric import MODE_ELECTRICAL, MODE_ISOLATED, MODE_NONE, MODE_TIME_DIVISION
+from app.engine.fabric import (
+    MODE_ELECTRICAL,
+    MODE_ISOLATED,
+    MODE_NONE,
+    MODE_TIME_DIVISION,
+    phase_plan,
+)
 from app.engine.job import Collective, Job, Placement
 from app.engine.plan_signature import (
     PlanCatalog,
@@ -463,11 +469,8 @@ def profile_optical(
         )
     budget = dict(jf.slice.pod_ports)
     held = jf.circuits
-    own = {name: plan.circuits for name, plan in jf.phase_plans}
     pp_hold, mlu_pp = _net_s(pp_d, held, budget, gbps)
     dp_hold, mlu_dp = _net_s(dp_d, held, budget, gbps)
-    pp_own, _ = _net_s(pp_d, own.get(PHASE_PP, held), budget, gbps)
-    dp_own, _ = _net_s(dp_d, own.get(PHASE_DP, held), budget, gbps)
     slots = phase_slots(timing, job, traffic, pp_hold, max(dp_base, dp_hold))
     by_phase = {}
     names = [
@@ -475,13 +478,26 @@ def profile_optical(
     ]
     for name, slot in zip(names, slots, strict=True):
         by_phase[name] = slot
+    demand_of = {PHASE_PP: pp_d, PHASE_DP: dp_d}
+    hold_of = {PHASE_PP: pp_hold, PHASE_DP: dp_hold}
+    own: dict[str, PodCircuits] = {}
+
+    def own_circuits(name: str) -> PodCircuits:
+        """The phase's own circuits in the slice (planned only when a policy uses them)."""
+        if name not in own:
+            own[name] = phase_plan(cluster, jf, demand_of[name]).circuits
+        return own[name]
+
+    def own_s(name: str) -> float:
+        return _net_s(demand_of[name], own_circuits(name), budget, gbps)[0]
+
     if spec.name == STATIC:
         outcome = static_outcome(slots, reconfig_s)
     elif spec.name == REACTIVE:
-        times: dict[str, dict[str, float]] = {}
-        for name, slot in by_phase.items():
-            hold_s, own_s = (pp_hold, pp_own) if name == PHASE_PP else (dp_hold, dp_own)
-            times[slot.plan_id] = {HELD_TOPOLOGY: hold_s, slot.plan_id: own_s}
+        times = {
+            slot.plan_id: {HELD_TOPOLOGY: hold_of[name], slot.plan_id: own_s(name)}
+            for name, slot in by_phase.items()
+        }
         outcome = reactive_outcome(slots, times, reconfig_s)
     else:
         iteration = _iteration(timing, dp_base, pp_hold, dp_hold)
@@ -489,25 +505,26 @@ def profile_optical(
             state, job.job_id, slots, iteration, start_s, iterations=iterations
         )
     ran = dict(zip((s.plan_id for s in slots), outcome.topologies, strict=False))
-    own_by_plan = {slot.plan_id: own.get(name, held) for name, slot in by_phase.items()}
+    phase_of_plan = {slot.plan_id: name for name, slot in by_phase.items()}
 
-    def ran_on(name: str, demand: DemandMatrix, hold_s: float, own_s: float) -> float:
+    def ran_on(name: str) -> float:
         """The phase's time on the topology it ran on in steady state."""
         topo = ran.get(by_phase[name].plan_id, HELD_TOPOLOGY)
         if topo == HELD_TOPOLOGY:
-            return hold_s
+            return hold_of[name]
         if topo == by_phase[name].plan_id:
-            return own_s
-        other = own_by_plan.get(topo)  # another phase's circuits were left installed
-        t = _net_s(demand, other, budget, gbps)[0] if other is not None else math.inf
+            return own_s(name)
+        other = phase_of_plan.get(topo)  # another phase's circuits were left installed
+        t = (
+            _net_s(demand_of[name], own_circuits(other), budget, gbps)[0]
+            if other is not None
+            else math.inf
+        )
         # circuits that cannot carry it: the phase waits for a rewiring to its topology
-        return t if math.isfinite(t) else reconfig_s + hold_s
+        return t if math.isfinite(t) else reconfig_s + hold_of[name]
 
-    pp_net, dp_net = pp_hold, dp_hold
-    if PHASE_PP in by_phase:
-        pp_net = ran_on(PHASE_PP, pp_d, pp_hold, pp_own)
-    if PHASE_DP in by_phase:
-        dp_net = ran_on(PHASE_DP, dp_d, dp_hold, dp_own)
+    pp_net = ran_on(PHASE_PP) if PHASE_PP in by_phase else pp_hold
+    dp_net = ran_on(PHASE_DP) if PHASE_DP in by_phase else dp_hold
     holds = all(t == HELD_TOPOLOGY for t in outcome.topologies)
     return JobProfile(
         timing,
