@@ -43,6 +43,7 @@ from dataclasses import dataclass, field, replace
 
 from .allocation import (
     EMPTY_ALLOCATION,
+    JobAllocation,
     JobDemand,
     PortAllocation,
     allocate_ports,
@@ -68,6 +69,7 @@ from .fabric import (
     Decision,
     FabricPlan,
     JobFabric,
+    JobSlice,
     PlacedJob,
     RoutingDecision,
     collective_traffic,
@@ -454,8 +456,22 @@ def _reallocate(
     if before_alloc.turn_order != allocation.turn_order:
         changed_alloc |= set(before_alloc.turn_order) | set(allocation.turn_order)
     if previous is not None and changed_alloc:
+        # a job that only gained spare ports keeps its circuits: its slice grows in place
+        # (re-planning it would rebuild the same circuits and routes); any other change
+        # plans it afresh
+        grew = {
+            j: ja
+            for j in changed_alloc - set(allocation.turn_order)
+            if (ja := allocation.job(j)) is not None and _only_gained_spare(before_alloc.job(j), ja)
+        }
+        changed_alloc -= set(grew)
         previous = replace(
-            previous, jobs=tuple(j for j in previous.jobs if j.job_id not in changed_alloc)
+            previous,
+            jobs=tuple(
+                replace(j, slice=_grown_slice(j.slice, grew[j.job_id])) if j.job_id in grew else j
+                for j in previous.jobs
+                if j.job_id not in changed_alloc
+            ),
         )
     ledger = state.fabric.aggregators if state.fabric is not None else AggregatorLedger()
     active = state.turn_order[0] if state.turn_order else None
@@ -499,6 +515,21 @@ def _reallocate(
     state = _record_installs(state, changed, at_s)
     state, follow = _follow_aggregators(state, ledger, changed_alloc, reason)
     return state, decisions + follow
+
+
+def _only_gained_spare(was: JobAllocation | None, now: JobAllocation) -> bool:
+    """Same mode and circuits, and spare ports only added (none taken away)."""
+    if was is None or was.mode != MODE_ISOLATED or now.mode != MODE_ISOLATED:
+        return False
+    if was.circuits != now.circuits:
+        return False
+    before = Counter({(o, p): n for o, p, n in was.spare})
+    after = Counter({(o, p): n for o, p, n in now.spare})
+    return not before - after
+
+
+def _grown_slice(slc: JobSlice, ja: JobAllocation) -> JobSlice:
+    return replace(slc, pod_ports=ja.pod_ports, reason=ja.reason)
 
 
 def _follow_aggregators(

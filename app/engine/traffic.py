@@ -338,7 +338,35 @@ def job_traffic(
     dp_algorithm: str = ALGO_RING,
     root_tors: Mapping[int, str] | None = None,
 ) -> tuple[PhaseTraffic, ...]:
-    """The job's phases (pp, dp, and ep when ep > 1) with flows and pod demand."""
+    """The job's phases (pp, dp, and ep when ep > 1) with flows and pod demand.
+
+    Remembered per (job, placement, algorithm, roots): every arrival re-plans the jobs
+    whose ports changed, and their traffic is the same as the last time.
+    """
+    roots = tuple(sorted(root_tors.items())) if root_tors else ()
+    key = (id(job), id(placement), dp_algorithm, roots, id(cluster))
+    hit = _TRAFFIC_MEMO.get(key)
+    if hit is not None and hit[0] is job and hit[1] is placement and hit[2] is cluster:
+        return hit[3]
+    traffic = _job_traffic(cluster, job, placement, dp_algorithm, root_tors)
+    if len(_TRAFFIC_MEMO) >= _TRAFFIC_MEMO_SIZE:
+        _TRAFFIC_MEMO.clear()
+    _TRAFFIC_MEMO[key] = (job, placement, cluster, traffic)
+    return traffic
+
+
+_TRAFFIC_MEMO: dict[tuple[object, ...], tuple[Job, Placement, Cluster, tuple[PhaseTraffic, ...]]]
+_TRAFFIC_MEMO = {}
+_TRAFFIC_MEMO_SIZE = 4096
+
+
+def _job_traffic(
+    cluster: Cluster,
+    job: Job,
+    placement: Placement,
+    dp_algorithm: str,
+    root_tors: Mapping[int, str] | None,
+) -> tuple[PhaseTraffic, ...]:
     phases = [
         (PHASE_PP, pp_flows(job, placement)),
         (PHASE_DP, dp_flows(cluster, job, placement, dp_algorithm, root_tors)),
