@@ -969,7 +969,7 @@ def allocate_ports(
                     own,
                     tuple(sorted(ports_by_pod.items())),
                     s,
-                    f"isolated circuits by demand (est. slowdown {s:.2f}x)",
+                    ISOLATED_REASON + slowdown_note(s),
                     spare_out,
                 )
             )
@@ -1004,9 +1004,7 @@ def allocate_ports(
                 if j in chose_core
                 else "too few free ports; the electrical layer is estimated faster than turns"
             )
-            out.append(
-                JobAllocation(j, MODE_ELECTRICAL, (), (), s, f"{why} (est. slowdown {s:.2f}x)")
-            )
+            out.append(JobAllocation(j, MODE_ELECTRICAL, (), (), s, why + slowdown_note(s)))
     turn = tuple(j for j in (previous.turn_order if previous else ()) if j in shared)
     turn += tuple(j for j in shared if j not in turn)
     pool_out = tuple((o, a, b, n) for (o, a, b), n in sorted(pool.items()) if n > 0)
@@ -1250,6 +1248,12 @@ def _latest_holding(
 
 
 CORE_FASTER = "its circuits are slower than its share of the electrical core"
+ISOLATED_REASON = "isolated circuits by demand"
+
+
+def slowdown_note(slowdown: float) -> str:
+    """The estimate as a reason states it."""
+    return f" (est. slowdown {slowdown:.2f}x)"
 
 
 def _chose_core(ja: JobAllocation) -> bool:

@@ -43,12 +43,14 @@ from dataclasses import dataclass, field, replace
 
 from .allocation import (
     EMPTY_ALLOCATION,
+    ISOLATED_REASON,
     JobAllocation,
     JobDemand,
     PortAllocation,
     allocate_ports,
     ideal_iteration_s,
     job_demand,
+    slowdown_note,
 )
 from .circuits import PodCircuits, evaluate_circuits
 from .cluster import Cluster
@@ -456,13 +458,14 @@ def _reallocate(
     if before_alloc.turn_order != allocation.turn_order:
         changed_alloc |= set(before_alloc.turn_order) | set(allocation.turn_order)
     if previous is not None and changed_alloc:
-        # a job that only gained spare ports keeps its circuits: its slice grows in place
-        # (re-planning it would rebuild the same circuits and routes); any other change
-        # plans it afresh
+        # a job whose circuits stay and whose spare ports only grew, or are not in use
+        # (it holds its home topology, nothing waits for its gap), keeps its circuits
+        # and routes: its slice changes in place. Re-planning it would rebuild the same.
         grew = {
             j: ja
             for j in changed_alloc - set(allocation.turn_order)
-            if (ja := allocation.job(j)) is not None and _only_gained_spare(before_alloc.job(j), ja)
+            if (ja := allocation.job(j)) is not None
+            and _only_spare_changed(before_alloc.job(j), ja, _spare_unused(state, j))
         }
         changed_alloc -= set(grew)
         previous = replace(
@@ -517,15 +520,30 @@ def _reallocate(
     return state, decisions + follow
 
 
-def _only_gained_spare(was: JobAllocation | None, now: JobAllocation) -> bool:
-    """Same mode and circuits, and spare ports only added (none taken away)."""
+def _only_spare_changed(was: JobAllocation | None, now: JobAllocation, unused: bool) -> bool:
+    """Same mode and circuits; spare ports only added, or any change while `unused`."""
     if was is None or was.mode != MODE_ISOLATED or now.mode != MODE_ISOLATED:
         return False
     if was.circuits != now.circuits:
         return False
+    if unused:
+        return True
     before = Counter({(o, p): n for o, p, n in was.spare})
     after = Counter({(o, p): n for o, p, n in now.spare})
     return not before - after
+
+
+def _spare_unused(state: ControllerState, job_id: str) -> bool:
+    """Does the job hold only its home topology's circuits (no per-phase topology on
+    spare ports, no change waiting for its compute gap)?"""
+    cycle = state.cycles.get(job_id)
+    return (
+        cycle is not None
+        and cycle.target == HELD_PLAN
+        and cycle.home == HELD_PLAN
+        and job_id not in state.deferred
+        and not any(cc.job_id == job_id for cc in state.pending)
+    )
 
 
 def _grown_slice(slc: JobSlice, ja: JobAllocation) -> JobSlice:
@@ -1162,7 +1180,14 @@ def network_view(state: ControllerState, job_id: str) -> NetworkView | None:
     finite = 0 < alone < math.inf and math.isfinite(now)
     slowdown = round(max(1.0, now / alone), 4) if finite else None
     mode = NETWORK_SHARED if shared else NETWORK_ISOLATED
-    reason = jf.slice.reason + (f"; takes turns with {sharers - 1} other job(s)" if shared else "")
+    if shared:
+        reason = jf.slice.reason + f"; takes turns with {sharers - 1} other job(s)"
+    elif jf.slice.reason.startswith(ISOLATED_REASON) and slowdown is not None:
+        # the figure the job's circuits give now (two-hop routes included), not the
+        # allocation's direct-circuit estimate: one figure in the view
+        reason = ISOLATED_REASON + slowdown_note(slowdown)
+    else:
+        reason = jf.slice.reason
     return NetworkView(mode, tuple(ports), slowdown, reason)
 
 

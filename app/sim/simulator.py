@@ -122,10 +122,21 @@ class SimResult:
     wall_s: float = 0.0
     reconfig_ms: float = 0.0
     queue_timeline: list[tuple[float, int]] = field(default_factory=list)  # (time, queued)
+    # every fabric controller step it drove: (event, jobs the controller held, CPU ms)
+    controller_steps: list[ControllerStep] = field(default_factory=list)
 
     @property
     def makespan_s(self) -> float:
         return max((j.end_s for j in self.jobs if j.end_s is not None), default=0.0)
+
+
+@dataclass(frozen=True, slots=True)
+class ControllerStep:
+    """One arrival or completion the simulator fed the fabric controller, and its cost."""
+
+    event: str  # "arrival" | "completion"
+    running: int  # jobs the controller held before the event
+    cpu_ms: float  # this process's CPU time in `engine.controller.step`
 
 
 @dataclass
@@ -215,6 +226,7 @@ class Simulation:
         self.done = 0
         self.now = 0.0
         self.queue_timeline: list[tuple[float, int]] = []
+        self.controller_steps: list[ControllerStep] = []
 
     # ------------------------------------------------------------------ events
 
@@ -261,6 +273,7 @@ class Simulation:
             time.perf_counter() - started,
             self.reconfig_ms,
             self.queue_timeline,
+            self.controller_steps,
         )
 
     def _arrive(self, at: float, job_id: str) -> None:
@@ -330,8 +343,17 @@ class Simulation:
         if not self.spec.optical:
             return
         for p in placed:
-            self.control, _ = control(self.control, JobPlaced(jobs[p.job_id], p, at))
+            self._control("arrival", JobPlaced(jobs[p.job_id], p, at))
         self.ledger = self._ledger()
+
+    def _control(self, kind: str, event: JobPlaced | JobCompleted) -> None:
+        """Feed the controller one event, as the worker does, and record its CPU time."""
+        running = len(self.control.jobs)
+        cpu = time.process_time()
+        self.control, _ = control(self.control, event)
+        self.controller_steps.append(
+            ControllerStep(kind, running, (time.process_time() - cpu) * 1000)
+        )
 
     def _ledger(self) -> AggregatorLedger:
         fabric = self.control.fabric
@@ -579,7 +601,7 @@ class Simulation:
         for key in run.profile.shares:
             self.key_users[key].discard(job_id)
         if self.spec.optical:
-            self.control, _ = control(self.control, JobCompleted(job_id, at))
+            self._control("completion", JobCompleted(job_id, at))
             self.ledger = self._ledger()
         else:
             self.ledger = self.ledger.release(job_id)
@@ -616,4 +638,4 @@ def simulate(
     ).run()
 
 
-__all__ = ["JobResult", "SimResult", "Simulation", "simulate"]
+__all__ = ["ControllerStep", "JobResult", "SimResult", "Simulation", "simulate"]
