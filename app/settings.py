@@ -12,6 +12,7 @@ from typing import Literal
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from app.engine.memory import DEFAULT_ZERO_STAGE
 from app.engine.placement import OPTICAL_EXTRA_PODS
 from app.engine.queue import QueuePolicy
 
@@ -116,8 +117,9 @@ class Settings(BaseSettings):
     read_cache_ttl_s: float = Field(1.0, ge=0)
     worker_metrics_host: str = "127.0.0.1"
     worker_metrics_port: int = Field(9100, ge=0, le=65535)
-    gpu_memory_bytes: float = Field(80 * 1024**3, gt=0)
-    default_zero_stage: int = Field(1, ge=0, le=3)
+    # None: the memory of the cluster's GPU model (`gpu_model`: a100/h100 80 GiB, b200 180 GB)
+    gpu_memory_bytes: float | None = Field(None, gt=0)
+    default_zero_stage: int = Field(DEFAULT_ZERO_STAGE, ge=0, le=3)
 
     @field_validator("max_extra_pods", mode="before")
     @classmethod

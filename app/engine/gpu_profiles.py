@@ -50,12 +50,13 @@ _A100_CURVE: tuple[tuple[int, float], ...] = (
 
 @dataclass(frozen=True, slots=True)
 class GpuProfile:
-    """A GPU model: achieved TFLOP/s per GPU by hidden size, and HBM bandwidth."""
+    """A GPU model: achieved TFLOP/s per GPU by hidden size, HBM bandwidth and size."""
 
     name: str
     scale: float  # times the A100 curve
     hbm_bytes_per_s: float
     peak_tflops: float
+    memory_bytes: float  # HBM per GPU: what the admission check fits a job into
 
     def achieved_tflops(self, hidden_size: int | None) -> float:
         h = hidden_size or DEFAULT_HIDDEN
@@ -72,9 +73,10 @@ class GpuProfile:
 
 
 PROFILES: dict[str, GpuProfile] = {
-    "a100": GpuProfile("a100", 1.0, 2.0e12, 312.0),
-    "h100": GpuProfile("h100", 2.6, 3.35e12, 989.0),
-    "b200": GpuProfile("b200", 2.6 * 2.2, 8.0e12, 2250.0),
+    "a100": GpuProfile("a100", 1.0, 2.0e12, 312.0, 80 * 1024**3),
+    "h100": GpuProfile("h100", 2.6, 3.35e12, 989.0, 80 * 1024**3),
+    # DGX B200: 1,440 GB of HBM3e over 8 GPUs
+    "b200": GpuProfile("b200", 2.6 * 2.2, 8.0e12, 2250.0, 180e9),
 }
 
 

@@ -44,6 +44,8 @@ DEFAULT_HEAD_DIM = 128
 MAX_MICROBATCH = 1 << 16
 
 NOT_ENOUGH_MEMORY = "the stated plan does not fit GPU memory"
+# ZeRO stage assumed when a job states none: 1, Megatron's distributed optimizer
+DEFAULT_ZERO_STAGE = 1
 
 
 class Optimizer(StrEnum):
@@ -68,6 +70,11 @@ class MemorySetup:
     tp: int = 1
     pp: int = 1
     dp: int = 1
+    # Expert parallelism: the experts are split over ep servers. As in the
+    # simulator's timing model, a GPU holds parameters / (tp x pp x ep): the expert
+    # layers hold most of a sparse model's weights (Mixtral 8x22B: ~136 of 141B),
+    # and the replicated dense layers' own share is not counted apart.
+    ep: int = 1
     zero_stage: int = 0
     # Megatron turns sequence parallelism on with tensor parallelism; it shards
     # the layer-norm and dropout activations over t as well (Korthikanti section 4.2.2).
@@ -79,7 +86,7 @@ class MemorySetup:
     def __post_init__(self) -> None:
         if self.parameters <= 0 or self.bytes_per_parameter <= 0:
             raise ValueError("parameters and bytes_per_parameter must be positive")
-        if min(self.tp, self.pp, self.dp) < 1:
+        if min(self.tp, self.pp, self.dp, self.ep) < 1:
             raise ValueError("parallel degrees must be positive")
         if self.zero_stage not in (0, 1, 2, 3):
             raise ValueError("zero_stage is 0, 1, 2 or 3")
@@ -144,7 +151,7 @@ def _optimizer_bytes_per_parameter(setup: MemorySetup) -> float:
 
 def _model_states(setup: MemorySetup) -> tuple[float, float]:
     """(weights + optimizer states, gradients) per GPU, ZeRO sharding applied."""
-    per_gpu = setup.parameters / (setup.tp * setup.pp)
+    per_gpu = setup.parameters / (setup.tp * setup.pp * setup.ep)
     weights = per_gpu * setup.bytes_per_parameter
     grads = per_gpu * setup.bytes_per_parameter
     optim = per_gpu * _optimizer_bytes_per_parameter(setup)
@@ -257,19 +264,24 @@ def setup_for_job(job: Job, *, tp: int, zero_stage: int = 0) -> MemorySetup | No
         tp=tp,
         pp=par.pp,
         dp=par.dp,
+        ep=par.ep,
         zero_stage=zero_stage,
         microbatches_in_flight=flight,
     )
 
 
 def check_job_memory(
-    job: Job, gpu_memory_bytes: float, *, tp: int, zero_stage: int = 0
+    job: Job, gpu_memory_bytes: float, *, tp: int, zero_stage: int = DEFAULT_ZERO_STAGE
 ) -> MemoryCheck | None:
     """Admission: does the job's stated plan fit GPU memory? None when it states too little.
 
-    TP is the server (pass the cluster's GPUs per server). The stated micro-batch
-    (default 1) is judged; a refusal names the largest micro-batch that would fit.
+    The one check the service (`POST /v1/jobs`) and the simulator both apply. TP
+    is the server (pass the cluster's GPUs per server). `zero_stage` applies when
+    the job states none. The stated micro-batch (default 1) is judged; a refusal
+    names the largest micro-batch that would fit.
     """
+    if job.model is not None and job.model.zero_stage is not None:
+        zero_stage = job.model.zero_stage
     setup = setup_for_job(job, tp=tp, zero_stage=zero_stage)
     if setup is None:
         return None

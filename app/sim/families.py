@@ -41,7 +41,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from app.engine.cluster import Cluster
-from app.engine.job import Job, ModelFacts, Parallelism
+from app.engine.job import Job, ModelFacts, Parallelism, PipelineSchedule
 
 from .timing import ideal_iteration_estimate_s
 from .workload import DEFAULT_TABLES, ModelRow, WorkloadError, WorkloadJob, load_model_rows
@@ -56,6 +56,11 @@ MAX_DURATION_S = 48 * 3600.0
 FAMILY_GPU = {"comm-heavy": "b200", "fleet": "b200", "fleet-stress": "b200"}
 STRESS_SERVERS = (1, 2, 4, 4, 8, 8, 16, 16)
 STRESS_RUN_S = (3600.0, 6 * 3600.0)
+
+# Every family's jobs run as Megatron-LM runs them: the 1F1B pipeline schedule and
+# activation recomputation (the timing model's FLOPs count the recomputation), so
+# the memory check the service and the simulator apply sees what such a run holds.
+MEGATRON_SCHEDULE = PipelineSchedule.ONE_F_ONE_B
 
 # (name, hidden size, layers, total parameters, experts)
 MOE_SHAPES = (
@@ -105,8 +110,9 @@ def _dense_job(job_id: str, row: ModelRow, servers: int) -> Job:
         num_layers=row.num_layers,
         seq_len=row.seq_len,
         microbatch_size=1,
+        activation_checkpointing=True,
     )
-    return Job(job_id, Parallelism(dp=dp, pp=pp), model)
+    return Job(job_id, Parallelism(dp=dp, pp=pp), model, schedule=MEGATRON_SCHEDULE)
 
 
 def _moe_job(job_id: str, servers: int, rng: random.Random) -> Job:
@@ -125,8 +131,9 @@ def _moe_job(job_id: str, servers: int, rng: random.Random) -> Job:
         num_layers=layers,
         seq_len=seq,
         microbatch_size=1,
+        activation_checkpointing=True,
     )
-    return Job(job_id, Parallelism(dp=dp, pp=pp, ep=ep), model)
+    return Job(job_id, Parallelism(dp=dp, pp=pp, ep=ep), model, schedule=MEGATRON_SCHEDULE)
 
 
 def _comm_heavy_job(job_id: str, rows: Sequence[ModelRow], servers: int, rng: random.Random) -> Job:
@@ -143,8 +150,9 @@ def _comm_heavy_job(job_id: str, rows: Sequence[ModelRow], servers: int, rng: ra
         num_layers=row.num_layers,
         seq_len=row.seq_len,
         microbatch_size=2,
+        activation_checkpointing=True,
     )
-    return Job(job_id, Parallelism(dp=dp, pp=pp), model)
+    return Job(job_id, Parallelism(dp=dp, pp=pp), model, schedule=MEGATRON_SCHEDULE)
 
 
 def generate(

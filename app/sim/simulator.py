@@ -46,7 +46,9 @@ from app.engine.controller import (
     new_controller,
 )
 from app.engine.controller import step as control
+from app.engine.gpu_profiles import gpu_profile
 from app.engine.job import Job, Placement
+from app.engine.memory import check_job_memory
 from app.engine.placement import OPTICAL_EXTRA_PODS, never_fits, place_job
 from app.engine.predictor import DEFAULT_ALGORITHM
 from app.engine.queue import QueuePolicy, admit_queued
@@ -190,6 +192,7 @@ class Simulation:
         self.cluster = cluster
         self.max_extra_pods = max_extra_pods  # lightpath's placement (`place_job`)
         self.gpu = gpu or cluster.gpu_model
+        self.gpu_memory_bytes = gpu_profile(self.gpu).memory_bytes
         self.workload = list(workload)
         self.spec = spec_of(policy)
         self.reconfig_ms = cluster.reconfig_ms if reconfig_ms is None else reconfig_ms
@@ -278,7 +281,12 @@ class Simulation:
 
     def _arrive(self, at: float, job_id: str) -> None:
         job = self.entries[job_id].job
+        # the service's admission, as POST /v1/jobs applies it: never fits, or does not
+        # fit GPU memory (a 422 there: the job never runs)
         reasons = never_fits(self.cluster, job)
+        memory = check_job_memory(job, self.gpu_memory_bytes, tp=self.cluster.gpus_per_server)
+        if not reasons and memory is not None and not memory.fits:
+            reasons = memory.reasons
         if reasons:
             self.results[job_id].refused = "; ".join(reasons)
             self.done += 1

@@ -2,9 +2,10 @@
 
 A workload is JSON Lines, one job per line: the body of `POST /v1/jobs` (API.md)
 plus `arrival_s` (seconds from the start) and `iterations` (training iterations
-the job runs). `read_workload` checks every line the way the API checks a body
-(unknown fields refused, strict integers, finite numbers) and says which line
-and field are wrong.
+the job runs). `read_workload` checks every line with the API's own body model
+(`app.job_body.JobIn`: every field the service takes, unknown fields refused,
+strict integers, finite numbers, the same bounds) and says which line and field
+are wrong; `lease_s` is read and has nothing to do in a simulation.
 
 `from_kalos_trace` builds a workload from the Acme Kalos trace
 (data/traces/acme_kalos_completed_llm_jobs.csv, AcmeTrace, CC BY 4.0):
@@ -23,43 +24,23 @@ import gzip
 import json
 import math
 import random
-import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from app.engine.job import (
-    MAX_ACTIVATION_BYTES,
-    MAX_BYTES_PER_PARAMETER,
-    MAX_COMPUTE_S,
-    MAX_PARAMETERS,
-    Collective,
     ComputeTimes,
     Job,
     ModelFacts,
     Parallelism,
+    PipelineSchedule,
 )
+from app.job_body import ComputeIn, JobIn, ModelIn, job_from_body
 
 from .timing import DEFAULT_GPU_TFLOPS, ideal_iteration_estimate_s, stage_compute
-
-JOB_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@/+-]{0,199}$")
-_TOP_FIELDS = {
-    "job_id",
-    "parallelism",
-    "model",
-    "compute",
-    "collective",
-    "priority",
-    "deadline",
-    "arrival_s",
-    "iterations",
-}
-_PAR_FIELDS = {"dp", "pp", "ep"}
-_MODEL_INT = {"microbatches", "hidden_size", "num_layers", "seq_len", "microbatch_size"}
-_MODEL_FLOAT = {"parameters", "bytes_per_parameter", "activation_bytes"}
-_MODEL_OTHER = {"optimizer", "activation_checkpointing"}
-_COMPUTE_FIELDS = {"microbatch_forward_s", "microbatch_backward_s", "optimizer_s"}
 
 # The model tables vendored in the repository's data/.
 DEFAULT_TABLES = Path(__file__).resolve().parents[2] / "data" / "tables"
@@ -89,126 +70,42 @@ def _is_number(value: object) -> bool:
     return (_is_int(value) or isinstance(value, float)) and math.isfinite(float(value))  # type: ignore[arg-type]
 
 
-def _unknown(where: str, data: Mapping[str, Any], known: set[str]) -> None:
-    extra = sorted(set(data) - known)
-    if extra:
-        raise WorkloadError(f"{where}: unknown field(s) {', '.join(extra)}")
-
-
-def _int_field(
-    where: str, data: Mapping[str, Any], name: str, low: int, default: int | None
-) -> int | None:
-    value = data.get(name, default)
-    if value is None:
-        return None
-    if not _is_int(value) or value < low:
-        raise WorkloadError(f"{where}: {name} must be an integer >= {low}, got {value!r}")
-    return int(value)
-
-
-_FLOAT_MAX = {
-    "parameters": MAX_PARAMETERS,
-    "bytes_per_parameter": MAX_BYTES_PER_PARAMETER,
-    "activation_bytes": MAX_ACTIVATION_BYTES,
-    "microbatch_forward_s": MAX_COMPUTE_S,
-    "microbatch_backward_s": MAX_COMPUTE_S,
-    "optimizer_s": MAX_COMPUTE_S,
-}
-
-
-def _float_field(where: str, data: Mapping[str, Any], name: str, positive: bool) -> float | None:
-    value = data.get(name)
-    if value is None:
-        return None
-    if not _is_number(value) or value < 0 or (positive and value == 0):
-        kind = "a positive" if positive else "a non-negative"
-        raise WorkloadError(f"{where}: {name} must be {kind} finite number, got {value!r}")
-    if value > _FLOAT_MAX[name]:
-        raise WorkloadError(f"{where}: {name} must be at most {_FLOAT_MAX[name]:g}, got {value!r}")
-    return float(value)
-
-
-def _object(where: str, data: Mapping[str, Any], name: str) -> Mapping[str, Any] | None:
-    value = data.get(name)
-    if value is None:
-        return None
-    if not isinstance(value, dict):
-        raise WorkloadError(f"{where}: {name} must be an object")
-    return value
+def _errors(exc: ValidationError) -> str:
+    """pydantic's errors as `field: message; ...` (at most five)."""
+    parts = []
+    for err in exc.errors()[:5]:
+        field = ".".join(str(x) for x in err.get("loc", ())) or "body"
+        parts.append(f"{field}: {err.get('msg', '')}")
+    return "; ".join(parts)
 
 
 def parse_workload_job(data: object, where: str = "job", order: int = 0) -> WorkloadJob:
-    """One workload entry (a decoded JSON object) as a WorkloadJob; WorkloadError if invalid."""
+    """One workload entry (a decoded JSON object) as a WorkloadJob; WorkloadError if invalid.
+
+    The job is the `POST /v1/jobs` body, validated by the API's own model; the
+    entry adds `arrival_s` and `iterations`.
+    """
     if not isinstance(data, dict):
         raise WorkloadError(f"{where}: expected a JSON object, got {type(data).__name__}")
-    _unknown(where, data, _TOP_FIELDS)
-    for required in ("job_id", "parallelism", "arrival_s", "iterations"):
-        if required not in data:
+    body = dict(data)
+    for required in ("arrival_s", "iterations"):
+        if required not in body:
             raise WorkloadError(f"{where}: missing required field {required}")
-    job_id = data["job_id"]
-    if not isinstance(job_id, str) or not JOB_ID_PATTERN.match(job_id):
-        raise WorkloadError(f"{where}: job_id {job_id!r} is not a valid job id")
-    where = f"{where} ({job_id})"
-    par = _object(where, data, "parallelism")
-    if par is None:
-        raise WorkloadError(f"{where}: parallelism must be an object")
-    _unknown(f"{where}: parallelism", par, _PAR_FIELDS)
-    if "dp" not in par or "pp" not in par:
-        raise WorkloadError(f"{where}: parallelism needs dp and pp")
-    dp = _int_field(where, par, "dp", 1, None)
-    pp = _int_field(where, par, "pp", 1, None)
-    ep = _int_field(where, par, "ep", 1, 1)
-    assert dp is not None and pp is not None and ep is not None
-    model = None
-    raw_model = _object(where, data, "model")
-    if raw_model is not None:
-        _unknown(f"{where}: model", raw_model, _MODEL_INT | _MODEL_FLOAT | _MODEL_OTHER)
-        ints = {k: _int_field(where, raw_model, k, 1, None) for k in sorted(_MODEL_INT)}
-        floats: dict[str, Any] = {
-            k: _float_field(where, raw_model, k, positive=k != "activation_bytes")
-            for k in sorted(_MODEL_FLOAT)
-        }
-        optimizer = raw_model.get("optimizer")
-        if optimizer not in (None, "adam", "sgd"):
-            raise WorkloadError(f"{where}: model.optimizer must be adam or sgd")
-        ckpt = raw_model.get("activation_checkpointing")
-        if ckpt is not None and not isinstance(ckpt, bool):
-            raise WorkloadError(f"{where}: model.activation_checkpointing must be a boolean")
-        model = ModelFacts(**ints, **floats, optimizer=optimizer, activation_checkpointing=ckpt)
-    compute = None
-    raw_compute = _object(where, data, "compute")
-    if raw_compute is not None:
-        _unknown(f"{where}: compute", raw_compute, _COMPUTE_FIELDS)
-        compute = ComputeTimes(
-            **{k: _float_field(where, raw_compute, k, False) for k in sorted(_COMPUTE_FIELDS)}
-        )
+    arrival = body.pop("arrival_s")
+    iterations = body.pop("iterations")
+    job_id = body.get("job_id")
+    if isinstance(job_id, str):
+        where = f"{where} ({job_id})"
     try:
-        collective = Collective(data.get("collective", "auto"))
-    except ValueError:
-        known = "|".join(c.value for c in Collective)
-        raise WorkloadError(f"{where}: collective must be one of {known}") from None
-    priority = data.get("priority", 0)
-    if not _is_int(priority) or not -1000 <= priority <= 1000:
-        raise WorkloadError(f"{where}: priority must be an integer in [-1000, 1000]")
-    deadline = data.get("deadline")
-    if deadline is not None and not _is_number(deadline):
-        raise WorkloadError(f"{where}: deadline must be a finite number (epoch seconds) or null")
-    arrival = data["arrival_s"]
+        # from JSON text, as the API reads a body (strict numbers, RFC 3339 deadlines)
+        valid = JobIn.model_validate_json(json.dumps(body, allow_nan=True))
+    except ValidationError as exc:
+        raise WorkloadError(f"{where}: {_errors(exc)}") from None
     if not _is_number(arrival) or arrival < 0:
         raise WorkloadError(f"{where}: arrival_s must be a finite number >= 0, got {arrival!r}")
-    iterations = data["iterations"]
     if not _is_int(iterations) or iterations < 1:
         raise WorkloadError(f"{where}: iterations must be an integer >= 1, got {iterations!r}")
-    job = Job(
-        job_id,
-        Parallelism(dp=dp, pp=pp, ep=ep),
-        model,
-        compute,
-        collective,
-        int(priority),
-        None if deadline is None else float(deadline),
-        submitted_order=order,
-    )
+    job = job_from_body(valid.job_id, valid.stored_body(), order)
     return WorkloadJob(job, float(arrival), int(iterations))
 
 
@@ -259,20 +156,18 @@ def workload_job_to_dict(entry: WorkloadJob) -> dict[str, Any]:
         },
     }
     if job.model is not None:
-        out["model"] = {
-            k: getattr(job.model, k)
-            for k in sorted(_MODEL_INT | _MODEL_FLOAT | _MODEL_OTHER)
-            if getattr(job.model, k) is not None
-        }
+        model = {f: getattr(job.model, f) for f in ModelIn.model_fields}
+        out["model"] = {k: v for k, v in model.items() if v is not None}
     if job.compute is not None:
-        out["compute"] = {
-            k: getattr(job.compute, k)
-            for k in sorted(_COMPUTE_FIELDS)
-            if getattr(job.compute, k) is not None
-        }
+        compute = {f: getattr(job.compute, f) for f in ComputeIn.model_fields}
+        out["compute"] = {k: v for k, v in compute.items() if v is not None}
     out["collective"] = job.collective.value
     out["priority"] = job.priority
     out["deadline"] = job.deadline
+    if job.walltime_s is not None:
+        out["walltime_s"] = job.walltime_s
+    if job.schedule is not PipelineSchedule.GPIPE:
+        out["schedule"] = job.schedule.value
     out["arrival_s"] = entry.arrival_s
     out["iterations"] = entry.iterations
     return out

@@ -4,35 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.engine.job import (
-    Collective,
-    ComputeTimes,
-    Job,
-    ModelFacts,
-    Parallelism,
-    PipelineSchedule,
-    Placement,
-    Unit,
-)
+from app.engine.job import Placement, Unit
+from app.job_body import job_from_body
 
-
-def job_from_body(job_id: str, body: dict[str, Any], submitted_order: int) -> Job:
-    """The engine's Job for a validated `POST /v1/jobs` body."""
-    par = body["parallelism"]
-    model = body.get("model")
-    compute = body.get("compute")
-    return Job(
-        job_id=job_id,
-        parallelism=Parallelism(dp=par["dp"], pp=par["pp"], ep=par.get("ep", 1)),
-        model=ModelFacts(**{k: v for k, v in model.items() if v is not None}) if model else None,
-        compute=ComputeTimes(**compute) if compute else None,
-        collective=Collective(body.get("collective", "auto")),
-        priority=body.get("priority", 0),
-        deadline=body.get("deadline"),
-        submitted_order=submitted_order,
-        walltime_s=body.get("walltime_s"),
-        schedule=PipelineSchedule(body.get("schedule") or "gpipe"),
-    )
+__all__ = ["job_from_body", "placement_from_json", "placement_to_json"]
 
 
 def placement_to_json(placement: Placement) -> dict[str, Any]:

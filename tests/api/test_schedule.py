@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
+from app.engine.cluster import preset
+from app.engine.memory import NOT_ENOUGH_MEMORY
+from app.sim.simulator import simulate
+from app.sim.workload import read_workload
 from tests.support import LiveServer
 
 # pp=2 with 32 micro-batches of a 13B model at 4K tokens: GPipe holds all 32
@@ -64,3 +70,47 @@ def test_batch_size_advice_follows_the_schedule(server: LiveServer) -> None:
         assert gpipe == explicit
         assert ofob["fits"] and ofob["max_microbatch"] >= 1
         assert gpipe["max_microbatch"] < ofob["max_microbatch"]
+
+
+MIXTRAL = {
+    "parameters": 141e9,
+    "bytes_per_parameter": 2,
+    "hidden_size": 6144,
+    "num_layers": 56,
+    "seq_len": 4096,
+    "microbatches": 16,
+    "activation_checkpointing": True,
+}
+# (job body, what the service answers); the simulator must refuse exactly the 422s
+ADMISSION_CASES: list[tuple[dict[str, Any], bool]] = [
+    ({"parallelism": {"dp": 2, "pp": 2}, "model": MODEL}, False),  # GPipe holds 32
+    ({"parallelism": {"dp": 2, "pp": 2}, "model": MODEL, "schedule": "1f1b"}, True),
+    ({"parallelism": {"dp": 1, "pp": 1}, "model": {**MODEL, "parameters": 175e9}}, False),
+    # experts split over ep servers: Mixtral 8x22B fits over 8, not over 1
+    ({"parallelism": {"dp": 1, "pp": 2, "ep": 8}, "model": MIXTRAL, "schedule": "1f1b"}, True),
+    ({"parallelism": {"dp": 1, "pp": 2, "ep": 1}, "model": MIXTRAL, "schedule": "1f1b"}, False),
+    ({"parallelism": {"dp": 4, "pp": 1}, "model": {"parameters": 7e9}, "lease_s": 60}, True),
+]
+
+
+def test_the_simulator_admits_exactly_what_the_service_admits(
+    server: LiveServer, tmp_path: Path
+) -> None:
+    """One admission, two doors: each body POSTed to the service and, as a workload
+    line, replayed by the simulator on the same cluster."""
+    lines = []
+    with server.client() as c:
+        for k, (body, fits) in enumerate(ADMISSION_CASES):
+            answer = c.post("/v1/jobs", json={"job_id": f"adm-{k}", **body})
+            assert (answer.status_code in (201, 202)) == fits, (k, answer.text)
+            if not fits:
+                assert answer.json()["type"].endswith("out-of-memory")
+            lines.append({"job_id": f"adm-{k}", **body, "arrival_s": float(k), "iterations": 2})
+    path = tmp_path / "w.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    result = simulate(preset("small"), read_workload(path), "ideal")
+    refused = {j.job_id for j in result.jobs if j.refused}
+    assert refused == {f"adm-{k}" for k, (_, fits) in enumerate(ADMISSION_CASES) if not fits}
+    for j in result.jobs:
+        if j.refused:
+            assert NOT_ENOUGH_MEMORY in j.refused

@@ -14,7 +14,8 @@ from app.engine.cluster import Cluster, build_cluster, cluster_from_dict, preset
 from app.engine.collective import AggregatorLedger
 from app.engine.controller import ControllerConfig, new_controller
 from app.engine.fabric import FabricPlan
-from app.engine.job import ComputeTimes, Job, ModelFacts, Parallelism
+from app.engine.job import ComputeTimes, Job, ModelFacts, Parallelism, PipelineSchedule
+from app.engine.memory import check_job_memory
 from app.engine.placement import OPTICAL_EXTRA_PODS
 from app.engine.rewiring_rules import reactive_rewires
 from app.sim.commands import run_from_trace, run_generate, run_simulate
@@ -33,7 +34,9 @@ def _table1_rows() -> list[dict[str, str]]:
 
 
 def _row_job(r: dict[str, str]) -> Job:
-    """A Table 1 row as Lightpath runs it: TP (and TP<8 replicas) inside 8-GPU servers."""
+    """A Table 1 row as Lightpath runs it: TP (and TP<8 replicas) inside 8-GPU servers,
+    with Megatron's 1F1B schedule and activation recomputation (else the memory check
+    the simulator applies, as the service does, refuses the larger rows)."""
     gpus, tp, pp = int(r["num_gpus"]), int(r["tensor_parallel"]), int(r["pipeline_parallel"])
     dp_megatron = int(r["data_parallel_derived"])
     h, s = int(r["hidden_size"]), int(r["seq_len"])
@@ -50,7 +53,9 @@ def _row_job(r: dict[str, str]) -> Job:
             num_layers=int(r["num_layers"]),
             seq_len=s,
             microbatch_size=mbs,
+            activation_checkpointing=True,
         ),
+        schedule=PipelineSchedule.ONE_F_ONE_B,
     )
 
 
@@ -176,6 +181,17 @@ def test_ideal_bounds_every_policy_on_each_family(family: str) -> None:
     for policy in POLICIES:
         for j in simulate(cluster, workload, policy, gpu=gpu).jobs:
             assert j.slowdown is not None and j.slowdown >= 1.0 - 1e-9, (policy, j.job_id)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_generated_job_passes_the_services_memory_check(family: str) -> None:
+    """The service would admit every job of every family (80 GiB, the smallest GPU):
+    the evaluation runs no job that POST /v1/jobs would refuse."""
+    cluster = preset("seed-15k")
+    for seed in (1, 2):
+        for entry in generate(family, cluster, load=1.2, jobs=120, seed=seed):
+            check = check_job_memory(entry.job, 80 * 1024**3, tp=cluster.gpus_per_server)
+            assert check is not None and check.fits, (entry.job.job_id, check)
 
 
 def test_generation_jitter_and_runs_are_deterministic_per_seed() -> None:

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from app.engine.job import PipelineSchedule
+from app.job_body import JOB_EXAMPLE
 from app.sim.commands import run_from_trace
 from app.sim.workload import (
     WorkloadError,
@@ -49,22 +51,51 @@ def test_reads_a_valid_line_and_round_trips(tmp_path: Path) -> None:
     ]
 
 
+def test_every_field_of_the_api_body_is_a_workload_field(tmp_path: Path) -> None:
+    """The contract's own example body (lease, walltime, schedule, an RFC 3339
+    deadline) plus arrival_s and iterations is a workload line."""
+    line = {
+        **JOB_EXAMPLE,
+        "deadline": "2030-01-01T00:00:00Z",
+        "schedule": "1f1b",
+        "model": {**JOB_EXAMPLE["model"], "zero_stage": 2},
+        "arrival_s": 0.5,
+        "iterations": 3,
+    }
+    (entry,) = read_workload(_write(tmp_path, line))
+    job = entry.job
+    assert job.schedule is PipelineSchedule.ONE_F_ONE_B and job.walltime_s == 86400
+    assert job.deadline == 1893456000.0 and job.model is not None and job.model.zero_stage == 2
+    again = tmp_path / "again.jsonl"
+    write_workload(again, [entry])
+    (back,) = read_workload(again)
+    assert back.job == job
+
+
 @pytest.mark.parametrize(
     ("line", "message"),
     [
         ("{not json", ":1: not valid JSON"),
-        ({**GOOD, "paralellism": {}}, "unknown field(s) paralellism"),
+        ({**GOOD, "paralellism": {}}, "paralellism: Extra inputs are not permitted"),
         ({k: v for k, v in GOOD.items() if k != "iterations"}, "missing required field iterations"),
         ({**GOOD, "iterations": 0}, "iterations must be an integer >= 1"),
         ({**GOOD, "iterations": 2.5}, "iterations must be an integer >= 1"),
         ({**GOOD, "arrival_s": -1}, "arrival_s must be a finite number >= 0"),
-        ({**GOOD, "parallelism": {"dp": "8", "pp": 1}}, "dp must be an integer >= 1"),
-        ({**GOOD, "parallelism": {"dp": True, "pp": 1}}, "dp must be an integer >= 1"),
-        ({**GOOD, "collective": "magic"}, "collective must be one of"),
-        ({**GOOD, "model": {"parameters": -1}}, "parameters must be a positive"),
-        ({**GOOD, "model": {"activation_bytes": 1e307}}, "activation_bytes must be at most 1e+13"),
-        ({**GOOD, "compute": {"optimizer_s": 1e308}}, "optimizer_s must be at most 86400"),
-        ({**GOOD, "job_id": " bad id"}, "is not a valid job id"),
+        ({**GOOD, "parallelism": {"dp": "8", "pp": 1}}, "parallelism.dp: Input should be a valid"),
+        ({**GOOD, "parallelism": {"dp": True, "pp": 1}}, "parallelism.dp: Input should be a valid"),
+        ({**GOOD, "collective": "magic"}, "collective: Input should be 'auto'"),
+        ({**GOOD, "model": {"parameters": -1}}, "model.parameters: Input should be greater than 0"),
+        (
+            {**GOOD, "model": {"activation_bytes": 1e307}},
+            "model.activation_bytes: Input should be less than or equal to 10000000000000",
+        ),
+        (
+            {**GOOD, "compute": {"optimizer_s": 1e308}},
+            "compute.optimizer_s: Input should be less than or equal to 86400",
+        ),
+        ({**GOOD, "job_id": " bad id"}, "job_id: String should match pattern"),
+        # the API's pattern: an id every route can address (no "/")
+        ({**GOOD, "job_id": "a/b"}, "job_id: String should match pattern"),
         ([1, 2], "expected a JSON object"),
     ],
 )

@@ -9,6 +9,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
+from app.engine.gpu_profiles import gpu_profile
 from app.engine.job import Job, PipelineSchedule
 from app.engine.memory import (
     MemorySetup,
@@ -69,6 +70,7 @@ async def advise_batch_size(
         tp=par.tp,
         pp=par.pp,
         dp=par.dp,
+        ep=par.ep,
         zero_stage=m.zero_stage,
         microbatches_in_flight=in_flight(PipelineSchedule(body.schedule), par.pp, m.microbatches),
     )
@@ -86,13 +88,13 @@ async def advise_batch_size(
 def refuse_if_out_of_memory(services: Services, job: Job) -> None:
     """Admission: a job whose stated plan cannot fit GPU memory gets 422 and the breakdown."""
     settings = services.settings
-    zero = job.model.zero_stage if job.model and job.model.zero_stage is not None else None
+    gpu_memory = settings.gpu_memory_bytes or gpu_profile(services.cluster.gpu_model).memory_bytes
     with numbers_in_range():
         check = check_job_memory(
             job,
-            settings.gpu_memory_bytes,
+            gpu_memory,
             tp=services.cluster.gpus_per_server,
-            zero_stage=settings.default_zero_stage if zero is None else zero,
+            zero_stage=settings.default_zero_stage,
         )
     if check is None or check.fits:
         return
@@ -104,7 +106,7 @@ def refuse_if_out_of_memory(services: Services, job: Job) -> None:
         extra={
             "reasons": list(check.reasons),
             "memory_bytes": check.memory_bytes.as_dict(),
-            "gpu_memory_bytes": settings.gpu_memory_bytes,
+            "gpu_memory_bytes": gpu_memory,
             "microbatch": check.microbatch,
         },
     )

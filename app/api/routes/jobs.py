@@ -25,12 +25,12 @@ from starlette.concurrency import run_in_threadpool
 from app.engine.job import JobState
 from app.engine.job_lease import JobLease, lease_deadline
 from app.engine.placement import never_fits
+from app.job_body import JOB_ID_PATTERN, JobIn, job_from_body
 from app.store import JobRecord
-from app.store.mapping import job_from_body
 
 from ..deps import Services, ServicesDep, require
 from ..problems import Problem
-from ..schemas import JOB_ID_PATTERN, FailIn, JobIn, JobListOut, JobOut
+from ..schemas import FailIn, JobListOut, JobOut
 from ..waiters import Watch
 from .advice import refuse_if_out_of_memory
 

@@ -1,0 +1,189 @@
+"""The job body of `POST /v1/jobs`: its validation, and the engine Job it describes.
+
+One definition for every door a job comes in by: the REST API validates request
+bodies with `JobIn`, and workload files for `lightpath simulate` (the same body
+plus `arrival_s` and `iterations`) are read with it too, so a body the service
+takes is a workload line the simulator takes, field for field. `job_from_body`
+turns a validated body into the engine's `Job` for the API, the store and the
+simulator alike.
+
+Request models forbid unknown fields (a typo like `paralellism` must not be
+silently ignored), use strict integers (no "8", no 8.5, no true) and refuse
+NaN and infinities. pydantic only: no web framework.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, Strict, StrictBool, StrictInt, field_validator
+
+from app.engine.job import (
+    MAX_ACTIVATION_BYTES,
+    MAX_BYTES_PER_PARAMETER,
+    MAX_COMPUTE_S,
+    MAX_PARAMETERS,
+    Collective,
+    ComputeTimes,
+    Job,
+    ModelFacts,
+    Parallelism,
+    PipelineSchedule,
+)
+
+Degree = Annotated[StrictInt, Field(ge=1, le=65536)]
+# a JSON number (an integer is fine); not true/false and not a numeric string
+Number = Annotated[float, Strict(), Field(allow_inf_nan=False)]
+Parameters = Annotated[Number, Field(gt=0, le=MAX_PARAMETERS)]
+BytesPerParameter = Annotated[Number, Field(gt=0, le=MAX_BYTES_PER_PARAMETER)]
+ComputeSeconds = Annotated[Number, Field(ge=0, le=MAX_COMPUTE_S)]
+# No "/" (nor anything else a path segment would have to escape): every id the
+# pattern admits is addressable, raw or percent-encoded, by every route.
+JOB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:@+-]{0,199}$"
+Schedule = Literal["gpipe", "1f1b"]
+SCHEDULE_DESCRIPTION = (
+    "pipeline schedule (default gpipe): GPipe keeps every micro-batch's activations "
+    "in flight, 1F1B at most pp; the memory check and batch-size advice use it"
+)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ParallelismIn(_Strict):
+    """Parallel degrees; the job needs ep*dp*pp servers of 8 GPUs (TP is the server)."""
+
+    dp: Degree = Field(description="data-parallel degree")
+    pp: Degree = Field(description="pipeline stages")
+    ep: Degree = Field(1, description="expert-parallel degree (EP group under one ToR)")
+
+
+class ModelIn(_Strict):
+    """What the launcher knows of the model; every field is optional."""
+
+    parameters: Parameters | None = Field(None, description="parameter count (at most 1e15)")
+    bytes_per_parameter: BytesPerParameter | None = None
+    activation_bytes: Annotated[Number, Field(ge=0, le=MAX_ACTIVATION_BYTES)] | None = Field(
+        None, description="pipeline-boundary activation bytes per micro-batch (at most 1e13)"
+    )
+    microbatches: Annotated[StrictInt, Field(ge=1, le=1_000_000)] | None = Field(
+        None, description="micro-batches per iteration (GPipe)"
+    )
+    hidden_size: Annotated[StrictInt, Field(ge=1)] | None = None
+    num_layers: Annotated[StrictInt, Field(ge=1)] | None = None
+    seq_len: Annotated[StrictInt, Field(ge=1)] | None = None
+    microbatch_size: Annotated[StrictInt, Field(ge=1)] | None = None
+    optimizer: Literal["adam", "sgd"] | None = None
+    activation_checkpointing: StrictBool | None = None
+    zero_stage: Annotated[StrictInt, Field(ge=0, le=3)] | None = Field(
+        None, description="ZeRO stage for the memory check (default LIGHTPATH_DEFAULT_ZERO_STAGE)"
+    )
+
+
+class ComputeIn(_Strict):
+    """Compute times of one micro-batch and of the optimizer step, in seconds."""
+
+    microbatch_forward_s: ComputeSeconds | None = None
+    microbatch_backward_s: ComputeSeconds | None = None
+    optimizer_s: ComputeSeconds | None = None
+
+
+JOB_EXAMPLE: dict[str, Any] = {
+    "job_id": "gpt3-175b-7",
+    "parallelism": {"dp": 8, "pp": 4, "ep": 1},
+    "model": {
+        "parameters": 175_000_000_000,
+        "bytes_per_parameter": 2,
+        "activation_bytes": 50_331_648,
+        "microbatches": 16,
+    },
+    "compute": {"microbatch_forward_s": 0.01, "microbatch_backward_s": 0.02, "optimizer_s": 0.05},
+    "collective": "auto",
+    "priority": 0,
+    "deadline": None,
+    "lease_s": 60,
+    "walltime_s": 86400,
+}
+
+
+class JobIn(_Strict):
+    """`POST /v1/jobs`: a job arrival. `job_id` makes the call idempotent."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [JOB_EXAMPLE]})
+
+    job_id: str = Field(pattern=JOB_ID_PATTERN, description="chosen by the launcher")
+    parallelism: ParallelismIn
+    model: ModelIn | None = None
+    compute: ComputeIn | None = None
+    collective: Collective = Field(Collective.AUTO, description="auto lets Lightpath choose")
+    priority: Annotated[StrictInt, Field(ge=-1000, le=1000)] = 0
+    deadline: float | dt.datetime | None = Field(
+        None, description="epoch seconds or RFC 3339 time; used by the edf queue policy"
+    )
+    lease_s: Annotated[Number, Field(ge=1, le=86400)] | None = Field(
+        None,
+        description="heartbeat lease: a placed job not heard from (placement, then "
+        "POST /v1/jobs/{job_id}/heartbeat) for this long is failed with reason lease_expired",
+    )
+    walltime_s: Annotated[Number, Field(gt=0, le=31_536_000)] | None = Field(
+        None,
+        description="runtime estimate; EASY backfill starts this job ahead of a blocked head "
+        "only if it ends before the head's reserved start (or avoids its servers)",
+    )
+    schedule: Schedule | None = Field(None, description=SCHEDULE_DESCRIPTION)
+
+    @field_validator("deadline", mode="before")
+    @classmethod
+    def _deadline_not_bool(cls, value: Any) -> Any:
+        # JSON true/false would pass as the number 1/0 (lax floats): a typo, not a time
+        if isinstance(value, bool):
+            raise ValueError("deadline must be epoch seconds or an RFC 3339 time")
+        return value
+
+    @field_validator("deadline")
+    @classmethod
+    def _deadline_epoch(cls, value: float | dt.datetime | None) -> float | None:
+        if isinstance(value, dt.datetime):
+            if value.tzinfo is None:
+                value = value.replace(tzinfo=dt.UTC)
+            return value.timestamp()
+        if value is not None and (value != value or value in (float("inf"), float("-inf"))):
+            raise ValueError("deadline must be a finite number")
+        return value
+
+    def stored_body(self) -> dict[str, Any]:
+        """The canonical body we keep and compare for idempotency.
+
+        Optional fields added later are left out when unset, so a body stored
+        before they existed still matches the same resubmitted body; a schedule
+        equal to the default (gpipe) is left out too, so stating the default
+        matches a body that did not.
+        """
+        body = self.model_dump(mode="json", exclude={"job_id"})
+        for late in ("lease_s", "walltime_s", "schedule"):
+            if body.get(late) is None:
+                body.pop(late, None)
+        if body.get("schedule") == "gpipe":
+            body.pop("schedule")
+        return body
+
+
+def job_from_body(job_id: str, body: dict[str, Any], submitted_order: int) -> Job:
+    """The engine's Job for a validated `POST /v1/jobs` body (`JobIn.stored_body()`)."""
+    par = body["parallelism"]
+    model = body.get("model")
+    compute = body.get("compute")
+    return Job(
+        job_id=job_id,
+        parallelism=Parallelism(dp=par["dp"], pp=par["pp"], ep=par.get("ep", 1)),
+        model=ModelFacts(**{k: v for k, v in model.items() if v is not None}) if model else None,
+        compute=ComputeTimes(**compute) if compute else None,
+        collective=Collective(body.get("collective", "auto")),
+        priority=body.get("priority", 0),
+        deadline=body.get("deadline"),
+        submitted_order=submitted_order,
+        walltime_s=body.get("walltime_s"),
+        schedule=PipelineSchedule(body.get("schedule") or "gpipe"),
+    )
