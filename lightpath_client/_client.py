@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -22,7 +23,7 @@ from urllib.parse import quote
 
 import httpx
 
-from ._exceptions import TransportError, WaitTimeout, problem_from_response
+from ._exceptions import InvalidJobId, TransportError, WaitTimeout, problem_from_response
 from ._models import (
     Advice,
     ClusterState,
@@ -59,8 +60,22 @@ class Call(Generic[T]):
     timeout_s: float | None = None
 
 
+# the API's job id pattern (a leading letter or digit, then letters, digits and ._:@+-)
+JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@+-]{0,199}")
+
+
+def job_segment(job_id: str) -> str:
+    """The job id as a path segment; InvalidJobId when no route could address it."""
+    if not isinstance(job_id, str) or not JOB_ID.fullmatch(job_id):
+        raise InvalidJobId(
+            f"{job_id!r} is not a job id: 1-200 characters, a letter or digit first, "
+            "then letters, digits and . _ : @ + -"
+        )
+    return quote(job_id, safe="")
+
+
 def job_path(job_id: str) -> str:
-    return "/v1/jobs/" + quote(job_id, safe="")
+    return "/v1/jobs/" + job_segment(job_id)
 
 
 def job_body(
@@ -154,7 +169,7 @@ class _Calls:
 
     @staticmethod
     def prediction(job_id: str) -> Call[Prediction]:
-        return Call("GET", "/v1/predictions/" + quote(job_id, safe=""), Prediction.from_dict)
+        return Call("GET", "/v1/predictions/" + job_segment(job_id), Prediction.from_dict)
 
 
 class _Base:

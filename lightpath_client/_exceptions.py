@@ -1,6 +1,7 @@
 """What the Lightpath client raises: one hierarchy, rooted at `LightpathError`.
 
 LightpathError
+├── InvalidJobId            not a job id the API can address (checked before sending)
 ├── TransportError          the server could not be reached (after retries)
 ├── WaitTimeout             a wait reached its deadline before the state
 └── ProblemError            the server answered 4xx/5xx (RFC 9457 problem+json)
@@ -23,6 +24,7 @@ __all__ = [
     "BadRequest",
     "Conflict",
     "Forbidden",
+    "InvalidJobId",
     "LightpathError",
     "NotFound",
     "PayloadTooLarge",
@@ -39,6 +41,11 @@ __all__ = [
 
 class LightpathError(Exception):
     """Base class of every error the client raises."""
+
+
+class InvalidJobId(LightpathError, ValueError):
+    """A job id the API's pattern does not admit (empty, `.`, a space, a `/`...):
+    refused before any request, since no route could address it."""
 
 
 class TransportError(LightpathError):

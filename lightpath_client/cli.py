@@ -69,7 +69,24 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--collective", choices=("auto", "inc", "ring", "tree", "hierarchical_ring"))
     p.add_argument("--priority", type=int)
     p.add_argument("--deadline", type=float, help="epoch seconds (edf queue policy)")
-    p.add_argument("--lease-s", type=float, default=60.0, help="heartbeat lease (0: none)")
+    p.add_argument(
+        "--lease-s",
+        type=float,
+        help="heartbeat lease (default 60; 0: none; none with --runner print, since "
+        "nothing here heartbeats for ranks started elsewhere)",
+    )
+    p.add_argument(
+        "--schedule",
+        choices=("gpipe", "1f1b"),
+        help="pipeline schedule the memory check assumes (server default gpipe)",
+    )
+    p.add_argument(
+        "--activation-checkpointing",
+        action="store_true",
+        default=None,
+        dest="model_activation_checkpointing",
+        help="the job recomputes activations (the memory check keeps layer inputs only)",
+    )
     p.add_argument("--walltime-s", type=float, help="runtime estimate for backfill")
     p.add_argument("--runner", choices=RUNNERS, default="local")
     p.add_argument("--host-template", default="{server}", help="ssh/hostfile host of a server")
@@ -117,8 +134,9 @@ def cmd_launch(args: argparse.Namespace, client: Client) -> int:
         collective=args.collective,
         priority=args.priority,
         deadline=args.deadline,
-        lease_s=args.lease_s or None,
+        lease_s=_lease_s(args),
         walltime_s=args.walltime_s,
+        schedule=args.schedule,
     )
     from pathlib import Path
 
@@ -133,6 +151,17 @@ def cmd_launch(args: argparse.Namespace, client: Client) -> int:
         wait_timeout_s=args.wait_timeout_s,
         grace_s=args.grace_s,
     )
+
+
+DEFAULT_LEASE_S = 60.0
+
+
+def _lease_s(args: argparse.Namespace) -> float | None:
+    """The lease to ask for: as given (0: none), else 60 s, except for `--runner print`,
+    whose ranks run elsewhere with no heartbeat from here (a lease would expire)."""
+    if args.lease_s is not None:
+        return args.lease_s or None
+    return None if args.runner == "print" else DEFAULT_LEASE_S
 
 
 def _ago(when: dt.datetime | None) -> str:
@@ -263,6 +292,11 @@ def main(argv: Sequence[str] | None = None) -> None:
             sys.exit(1)
         except KeyboardInterrupt:
             sys.exit(130)
+        except BrokenPipeError:
+            # the reader went away (`lightpath jobs | head`): stop quietly, as cat does
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            sys.exit(141)
     try:
         from app.cli import main as server_main
     except ImportError as exc:

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from ._client import Client, _Calls
-from ._exceptions import Conflict, LightpathError
+from ._exceptions import Conflict, LightpathError, WaitTimeout
 from ._models import Job, Unit
 
 RUNNERS = ("local", "ssh", "print")
@@ -273,9 +273,15 @@ def launch(
         job = client.request(_Calls.submit_job(dict(body)))
         if not job.ended and job.state != "placed":
             progress(job, 0.0)  # at once: the first long-poll may hold for poll_s
-            job = client.wait_for(
-                job_id, "placed", timeout_s=wait_timeout_s, on_progress=progress, poll_s=10.0
-            )
+            try:
+                job = client.wait_for(
+                    job_id, "placed", timeout_s=wait_timeout_s, on_progress=progress, poll_s=10.0
+                )
+            except WaitTimeout as exc:
+                # nothing will run it: left queued it would hold servers once placed
+                _cancel(client, job_id)
+                progress.done(f"{job_id} cancelled: {exc}")
+                return 1
         if job.state != "placed":
             progress.done(f"{job_id} is {job.state}; nothing to run")
             return 1
@@ -322,10 +328,7 @@ def launch(
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         _terminate(procs, grace_s)
-        try:
-            client.cancel_job(job_id)
-        except Conflict:
-            pass  # it had already ended
+        _cancel(client, job_id)
         progress.done(f"{job_id} cancelled ({stop})")
         return 128 + stop.signum
     finally:
@@ -333,6 +336,13 @@ def launch(
             heartbeat.stop.set()
         for s, handler in previous.items():
             signal.signal(s, handler)
+
+
+def _cancel(client: Client, job_id: str) -> None:
+    try:
+        client.cancel_job(job_id)
+    except Conflict:
+        pass  # it had already ended
 
 
 def _safe(job_id: str) -> str:

@@ -75,6 +75,44 @@ def test_unknown_algorithm_is_refused() -> None:
     assert "seed" in result.stderr
 
 
+@pytest.mark.parametrize(
+    ("files", "args"),
+    [
+        # no trace job fits a 32-server cluster in bigspan (1,024 GPUs and up)
+        ({}, ["workload", "generate", "--family", "bigspan", "--load", "1", "--jobs", "5",
+              "--seed", "1", "--cluster", "small", "--out", "x.jsonl"]),
+        ({"bin.csv": b"job_id,arrival_s,duration_s,num_gpus\n\xff\xfe,1,2,3\n"},
+         ["workload", "from-trace", "--trace", "bin.csv", "--out", "y.jsonl"]),
+        ({"dup.csv": b"job_id,arrival_s,duration_s,num_gpus\na,1,600,8\na,2,600,8\n"},
+         ["workload", "from-trace", "--trace", "dup.csv", "--out", "y.jsonl"]),
+        ({"nan.csv": b"job_id,arrival_s,duration_s,num_gpus\na,nan,600,8\n"},
+         ["workload", "from-trace", "--trace", "nan.csv", "--out", "y.jsonl"]),
+        ({"slash.csv": b"job_id,arrival_s,duration_s,num_gpus\na/b,1,600,8\n"},
+         ["workload", "from-trace", "--trace", "slash.csv", "--out", "y.jsonl"]),
+        ({"afile": b""}, ["simulate", "--cluster", "small", "--workload", "w.jsonl",
+                          "--policy", "ideal", "--out", "afile"]),
+        ({}, ["simulate", "--cluster", "small", "--workload", "w.jsonl", "--policy", "ideal",
+              "--reconfig-ms", "nan"]),
+    ],
+)  # fmt: skip
+def test_bad_offline_input_is_one_error_line_and_exit_2(
+    tmp_path: Path, files: dict[str, bytes], args: list[str]
+) -> None:
+    line = {"job_id": "w-1", "parallelism": {"dp": 1, "pp": 1}, "arrival_s": 0, "iterations": 2}
+    (tmp_path / "w.jsonl").write_text(json.dumps(line) + "\n")
+    for name, data in files.items():
+        (tmp_path / name).write_bytes(data)
+    done = subprocess.run(
+        [sys.executable, "-m", "app.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    assert done.stderr.startswith("error: ") and "Traceback" not in done.stderr, done.stderr
+
+
 # -- operator commands through the client, against a live server ---------------------------
 
 LIGHTPATH = Path(sys.executable).with_name("lightpath")
@@ -201,3 +239,11 @@ def test_decisions_and_follow(live: LiveServer) -> None:
     finally:
         follow.terminate()
         follow.wait(timeout=10)
+
+
+def test_a_job_id_no_route_can_address_is_an_error_line(live: LiveServer) -> None:
+    for bad in ("", ".", "a b", "a/b"):
+        for command in ("job", "cancel"):
+            code, _, err = lp(live, command, bad)
+            assert code == 1 and err.startswith("error: ") and "is not a job id" in err, err
+            assert "Traceback" not in err

@@ -306,3 +306,37 @@ def test_a_signal_while_queued_cancels_the_queued_job(live: LiveServer, tmp_path
         assert proc.returncode == 128 + signal.SIGTERM, rest
         assert c.get_job("q-2").state == "cancelled"
         assert not list(tmp_path.glob("rank-*"))  # nothing ran
+
+
+def test_giving_up_on_placement_cancels_the_queued_job(live: LiveServer, tmp_path: Path) -> None:
+    """Nothing would run a job whose launcher stopped waiting: left queued, it would
+    hold servers once placed."""
+    with Client(live.url) as c:
+        assert c.submit_job("blocker-2", dp=16, pp=2).state == "placed"
+        argv = launch_argv(live, "gu-1", tmp_path, "ok", "--wait-timeout-s", "1")
+        done = run(argv, tmp_path)
+        assert done.returncode == 1, done.stderr
+        assert "gu-1 cancelled" in done.stderr
+        assert c.get_job("gu-1").state == "cancelled"
+        c.complete_job("blocker-2")
+        assert c.cluster().free_servers == SMALL_SERVERS
+
+
+def test_print_runner_asks_no_lease_and_passes_the_schedule(
+    live: LiveServer, tmp_path: Path
+) -> None:
+    """Ranks started elsewhere get no heartbeat from here: a default lease would fail
+    the job a minute later. A stated lease still holds."""
+    argv = launch_argv(live, "pr-3", tmp_path, "ok", "--runner", "print", "--schedule", "1f1b")
+    i = argv.index("--lease-s")
+    del argv[i : i + 2]
+    done = run(argv, tmp_path)
+    assert done.returncode == 0, done.stderr
+    with Client(live.url) as c:
+        job = c.get_job("pr-3")
+        assert job.state == "placed" and job.lease_s is None
+        assert job.raw["schedule"] == "1f1b"
+    stated = launch_argv(live, "pr-4", tmp_path, "ok", "--runner", "print")
+    assert run(stated, tmp_path).returncode == 0
+    with Client(live.url) as c:
+        assert c.get_job("pr-4").lease_s == 2

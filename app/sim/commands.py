@@ -8,6 +8,7 @@ called; neither it nor `app.sim` pulls in web or database code).
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from rich.console import Console
@@ -76,12 +77,19 @@ def run_simulate(
             f"error: unknown policy {', '.join(unknown) or '(none)'}; known: {', '.join(POLICIES)}"
         )
         return EXIT_BAD_INPUT
-    if reconfig_ms is not None and reconfig_ms < 0:
-        err.print("error: the reconfiguration latency must be >= 0 ms")
+    if reconfig_ms is not None and not (math.isfinite(reconfig_ms) and reconfig_ms >= 0):
+        err.print("error: the reconfiguration latency must be a finite number >= 0 ms")
         return EXIT_BAD_INPUT
     if seeds < 1:
         err.print("error: --seeds must be at least 1")
         return EXIT_BAD_INPUT
+    if out_dir is not None:
+        # before the simulation, not after it: a run must not end in a traceback
+        try:
+            Path(out_dir).mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            err.print(f"error: --out {out_dir}: cannot write results there ({exc.strerror or exc})")
+            return EXIT_BAD_INPUT
     try:
         if gpu is not None:
             gpu_profile(gpu)

@@ -44,7 +44,14 @@ from app.engine.cluster import Cluster
 from app.engine.job import Job, ModelFacts, Parallelism, PipelineSchedule
 
 from .timing import ideal_iteration_estimate_s
-from .workload import DEFAULT_TABLES, ModelRow, WorkloadError, WorkloadJob, load_model_rows
+from .workload import (
+    DEFAULT_TABLES,
+    ModelRow,
+    WorkloadError,
+    WorkloadJob,
+    load_model_rows,
+    read_trace_rows,
+)
 
 FAMILIES = ("dense", "bigspan", "moe", "comm-heavy", "fleet", "fleet-stress")
 DEFAULT_TRACE = (
@@ -70,11 +77,7 @@ MOE_SHAPES = (
 
 
 def _trace_jobs(trace: Path, pretrain: bool = True) -> list[tuple[int, float]]:
-    try:
-        with open(trace, newline="") as f:
-            rows = list(csv.DictReader(f))
-    except OSError as exc:
-        raise WorkloadError(f"cannot read trace {trace}: {exc.strerror or exc}") from exc
+    rows = read_trace_rows(trace)
     out = []
     for r in rows:
         if (r.get("job_type") == "Pretrain") != pretrain:
@@ -179,6 +182,11 @@ def generate(
     gpus_per_server = cluster.gpus_per_server
     limit = cluster.server_count
     pool = [(g, d) for g, d in pool if math.ceil(g / gpus_per_server) <= limit]
+    if not pool and family != "fleet-stress":
+        raise WorkloadError(
+            f"no {family} job of the trace fits this cluster ({limit} servers of "
+            f"{gpus_per_server} GPUs): use a larger cluster or another family"
+        )
     rows = load_model_rows(tables_dir)
     gpu = FAMILY_GPU.get(family, cluster.gpu_model)
     if family == "fleet":  # sizes and run times drawn independently (module doc)

@@ -24,6 +24,7 @@ import gzip
 import json
 import math
 import random
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,7 +39,7 @@ from app.engine.job import (
     Parallelism,
     PipelineSchedule,
 )
-from app.job_body import ComputeIn, JobIn, ModelIn, job_from_body
+from app.job_body import JOB_ID_PATTERN, ComputeIn, JobIn, ModelIn, job_from_body
 
 from .timing import DEFAULT_GPU_TFLOPS, ideal_iteration_estimate_s, stage_compute
 
@@ -281,6 +282,17 @@ def job_from_row(job_id: str, row: ModelRow, servers: int, order: int) -> Job:
     return Job(job_id, shell.parallelism, model, compute, submitted_order=order)
 
 
+def read_trace_rows(path: Path) -> list[dict[str, str]]:
+    """A CSV trace's rows; WorkloadError when it cannot be read as CSV text."""
+    try:
+        with open(path, newline="") as f:
+            return list(csv.DictReader(f))
+    except OSError as exc:
+        raise WorkloadError(f"cannot read trace {path}: {exc.strerror or exc}") from exc
+    except (UnicodeDecodeError, csv.Error) as exc:
+        raise WorkloadError(f"cannot read trace {path}: not a CSV text file ({exc})") from exc
+
+
 def from_kalos_trace(
     trace_path: str | Path,
     *,
@@ -293,28 +305,33 @@ def from_kalos_trace(
     rows = load_model_rows(tables_dir)
     rng = random.Random(seed)
     path = Path(trace_path)
-    try:
-        with open(path, newline="") as f:
-            records = list(csv.DictReader(f))
-    except OSError as exc:
-        raise WorkloadError(f"cannot read trace {path}: {exc.strerror or exc}") from exc
+    records = read_trace_rows(path)
     needed = {"job_id", "arrival_s", "duration_s", "num_gpus"}
     if not records or not needed <= set(records[0]):
         raise WorkloadError(f"{path}: expected columns {', '.join(sorted(needed))}")
     parsed = []
+    seen: set[str] = set()
     for number, r in enumerate(records, 2):
+        where = f"{path}:{number}"
+        trace_id = r["job_id"] or ""
+        # every row becomes a workload line `simulate` reads back: the API's id rules
+        if not re.fullmatch(JOB_ID_PATTERN, trace_id):
+            raise WorkloadError(f"{where}: job_id {trace_id!r} is not a valid job id")
+        if trace_id in seen:
+            raise WorkloadError(f"{where}: duplicate job_id {trace_id}")
+        seen.add(trace_id)
         try:
-            parsed.append(
-                (
-                    float(r["arrival_s"]),
-                    number,
-                    r["job_id"],
-                    float(r["duration_s"]),
-                    int(float(r["num_gpus"])),
-                )
-            )
-        except ValueError as exc:
-            raise WorkloadError(f"{path}:{number}: {exc}") from exc
+            arrival, duration = float(r["arrival_s"]), float(r["duration_s"])
+            gpus = float(r["num_gpus"])
+        except (TypeError, ValueError) as exc:
+            raise WorkloadError(f"{where}: {exc}") from exc
+        if not (math.isfinite(arrival) and arrival >= 0):
+            raise WorkloadError(f"{where}: arrival_s must be a finite number >= 0")
+        if not (math.isfinite(duration) and duration > 0):
+            raise WorkloadError(f"{where}: duration_s must be a finite number > 0")
+        if not (math.isfinite(gpus) and gpus >= 1):
+            raise WorkloadError(f"{where}: num_gpus must be at least 1")
+        parsed.append((arrival, number, trace_id, duration, int(gpus)))
     parsed.sort()
     if jobs is not None:
         if jobs < 1:
