@@ -93,14 +93,22 @@ class PhaseSlot:
 
 
 def static_outcome(phases: Sequence[PhaseSlot], reconfig_s: float) -> RewiringOutcome:
-    """The pp+dp topology asked for at placement and held: only its install can be exposed."""
-    first = next((p for p in phases if p.plan_id != EMPTY_PLAN_ID), None)
-    if first is None:
+    """The pp+dp topology asked for at placement and held: only its install can be exposed.
+
+    Scored as the controller scores phases: every phase runs on the kept topology
+    (held), except a first phase that waited for the placement install (a miss).
+    """
+    busy = [p for p in phases if p.plan_id != EMPTY_PLAN_ID]
+    if not busy:
         return NO_REWIRING
-    exposed = max(0.0, reconfig_s - first.offset_s)
-    warm = IterationCost(exposed, 1, 0, 0, 1 if exposed > 0 else 0)
+    exposed = max(0.0, reconfig_s - busy[0].offset_s)
+    waited = 1 if exposed > 0 else 0
+    warm = IterationCost(exposed, 1, 0, len(busy) - waited, waited)
     return RewiringOutcome(
-        (warm,), IterationCost(0.0, 0), tuple(HELD_TOPOLOGY for _ in phases), False
+        (warm,),
+        IterationCost(0.0, 0, 0, len(busy), 0),
+        tuple(HELD_TOPOLOGY for _ in phases),
+        False,
     )
 
 
@@ -120,9 +128,22 @@ def reactive_outcome(
     for i in range(MAX_WARMUP_ITERATIONS):
         ran, installed = reactive_iteration(plans, times, installed, reconfig_s)
         exposed = sum(r.exposed_s for r in ran)
+        # scored as the controller scores phases: one that waited for a rewiring is
+        # a miss, one already on its own confirmed circuits a hit, the rest held
+        waited = [r.rewired for r in ran]
         if i == 0:
-            exposed += max(0.0, reconfig_s - busy[0].offset_s)  # the placement install
-        cost = IterationCost(exposed, sum(r.rewired for r in ran) + (i == 0))
+            install = max(0.0, reconfig_s - busy[0].offset_s)  # the placement install
+            exposed += install
+            waited[0] = waited[0] or install > 0
+        misses = sum(waited)
+        hits = sum(1 for r, w in zip(ran, waited, strict=True) if not w and r.topology == r.plan_id)
+        cost = IterationCost(
+            exposed,
+            sum(r.rewired for r in ran) + (i == 0),
+            hits,
+            len(ran) - misses - hits,
+            misses,
+        )
         topo = tuple(r.topology for r in ran)
         warm.append(cost)
         if len(warm) >= 2 and warm[-1] == warm[-2] and topo == last:
@@ -216,9 +237,14 @@ def walk_controller(
             and all(_same(c, cost) for c in warm[-_STEADY_REPEATS:])
         ):
             break
-    if len(warm) >= iterations or not detect_steady:
-        return RewiringOutcome(tuple(warm), warm[-1], topologies, True)
-    return RewiringOutcome(tuple(warm[:-1]), warm[-1], topologies, True)
+    steady = warm[-1]
+    if len(warm) < iterations and detect_steady:
+        warm.pop()
+    # the first iteration carries the placement install, asked before the walk (as
+    # static and reactive count it); added after steady state was found
+    first = warm[0] if warm else steady
+    warm[:1] = [replace(first, reconfigurations=first.reconfigurations + 1)]
+    return RewiringOutcome(tuple(warm), steady, topologies, True)
 
 
 def _same(a: IterationCost, b: IterationCost) -> bool:
