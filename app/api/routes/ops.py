@@ -24,7 +24,7 @@ async def healthz() -> dict[str, str]:
 @router.get(
     "/readyz",
     response_model=ReadyOut,
-    summary="Database and event bus reachable",
+    summary="Database, event bus (and, under serve, the switches) reachable",
     operation_id="getReadiness",
     responses={
         503: {
@@ -42,10 +42,13 @@ async def readyz(services: ServicesDep) -> JSONResponse:
         except Exception as exc:  # a readiness probe reports, it does not raise
             checks[name] = f"unreachable: {type(exc).__name__}"
 
-    # only what the API itself needs: switches that are down do not stop launchers
-    # submitting or completing jobs (the worker's own /readyz probes them)
+    # what this process needs: `lightpath serve` drives the switches itself, so it
+    # probes them too; `lightpath api` does not (switches that are down do not stop
+    # launchers submitting or completing jobs; the worker's own /readyz probes them)
     await run_in_threadpool(probe, "database", services.store.ping)
     await run_in_threadpool(probe, "bus", services.bus.ping)
+    if services.southbound is not None:
+        await run_in_threadpool(probe, "southbound", services.southbound.list_oxcs)
     if all(v == "ok" for v in checks.values()):
         return JSONResponse({"status": "ready", "checks": checks})
     down = ", ".join(f"{k}: {v}" for k, v in checks.items() if v != "ok")
