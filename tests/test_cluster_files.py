@@ -45,6 +45,13 @@ def test_a_cluster_file_round_trips_through_the_api_shape(tmp_path: Path) -> Non
         (lambda d: d["pods"][0].update({"electrical_gbps": -1}), "must not be negative"),
         (lambda d: d["oxcs"][0].update({"reconfig_ms": -5}), "reconfig_ms"),
         (lambda d: d.update({"nic_gbps": float("nan")}), "must be positive"),
+        # types as the file states them, not coerced
+        (lambda d: d.update({"gpus_per_server": 8.5}), "gpus_per_server must be an integer"),
+        (lambda d: d.update({"gpus_per_server": True}), "gpus_per_server must be an integer"),
+        (lambda d: d["oxcs"][0]["pod_ports"].update({"pod-1": "0123"}), "must be a list"),
+        (lambda d: d["oxcs"][0]["pod_ports"]["pod-1"].append(3.7), "must be an integer"),
+        (lambda d: d["pods"].append(d["pods"][0]), "pod id pod-0 appears more than once"),
+        (lambda d: d["pods"][0].update({"id": 7}), "pod id must be a non-empty string"),
     ],
 )
 def test_inconsistent_cluster_files_are_refused(tmp_path: Path, mutate, message: str) -> None:

@@ -249,42 +249,90 @@ def preset(name: str, *, reconfig_ms: float | None = None) -> Cluster:
 PRESETS = ("small", "seed-15k")
 
 
+def _int(value: Any, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{what} must be an integer, got {value!r}")
+    return value
+
+
+def _number(value: Any, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{what} must be a number, got {value!r}")
+    return float(value)
+
+
+def _id(value: Any, what: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{what} must be a non-empty string, got {value!r}")
+    return value
+
+
+def _list(value: Any, what: str) -> list[Any]:
+    if not isinstance(value, list):
+        raise ValueError(f"{what} must be a list, got {type(value).__name__}")
+    return value
+
+
+def _mapping(value: Any, what: str) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise ValueError(f"{what} must be an object, got {type(value).__name__}")
+    return value
+
+
 def cluster_from_dict(data: Mapping[str, Any], name: str = "custom") -> Cluster:
     """Build a cluster from the shape of `GET /v1/cluster` (free flags are ignored).
 
     Raises ValueError with a readable reason when the description is inconsistent.
     """
     try:
-        gpus = int(data.get("gpus_per_server", GPUS_PER_SERVER))
-        nic = float(data.get("nic_gbps", NIC_GBPS))
+        gpus = _int(data.get("gpus_per_server", GPUS_PER_SERVER), "gpus_per_server")
+        nic = _number(data.get("nic_gbps", NIC_GBPS), "nic_gbps")
         pods = []
-        for p in data["pods"]:
-            pod_id = str(p["id"])
+        for p in _list(data["pods"], "pods"):
+            pod_id = _id(p["id"], "pod id")
             tors = []
-            for t in p["tors"]:
-                tor_id = str(t["id"])
-                servers = tuple(Server(str(s["id"]), tor_id, pod_id) for s in t["servers"])
-                tors.append(Tor(tor_id, pod_id, servers, float(t.get("aggregator_gbps", 0.0))))
+            for t in _list(p["tors"], f"{pod_id} tors"):
+                tor_id = _id(t["id"], "ToR id")
+                servers = tuple(
+                    Server(_id(x["id"], "server id"), tor_id, pod_id)
+                    for x in _list(t["servers"], f"{tor_id} servers")
+                )
+                agg = _number(t.get("aggregator_gbps", 0.0), f"{tor_id} aggregator_gbps")
+                tors.append(Tor(tor_id, pod_id, servers, agg))
             pods.append(
                 Pod(
                     pod_id,
                     tuple(tors),
-                    int(p.get("uplink_ports", 0)),
-                    float(p.get("aggregator_gbps", 0.0)),
-                    float(p.get("electrical_gbps", 0.0)),
+                    _int(p.get("uplink_ports", 0), f"{pod_id} uplink_ports"),
+                    _number(p.get("aggregator_gbps", 0.0), f"{pod_id} aggregator_gbps"),
+                    _number(p.get("electrical_gbps", 0.0), f"{pod_id} electrical_gbps"),
                 )
             )
         oxcs = tuple(
             Oxc(
-                str(o["id"]),
-                int(o["ports"]),
-                float(o.get("reconfig_ms", 25.0)),
-                {str(k): tuple(int(x) for x in v) for k, v in o.get("pod_ports", {}).items()},
+                _id(o["id"], "OXC id"),
+                _int(o["ports"], "OXC ports"),
+                _number(o.get("reconfig_ms", 25.0), "reconfig_ms"),
+                {
+                    _id(k, "pod id"): tuple(
+                        _int(x, f"{o['id']} port") for x in _list(v, f"{o['id']} pod_ports")
+                    )
+                    for k, v in _mapping(o.get("pod_ports", {}), "pod_ports").items()
+                },
             )
-            for o in data.get("oxcs", [])
+            for o in _list(data.get("oxcs", []), "oxcs")
         )
     except (KeyError, TypeError) as exc:
         raise ValueError(f"cluster description is missing or mistypes a field: {exc}") from exc
+    for kind, ids in (
+        ("pod", [p.id for p in pods]),
+        ("ToR", [t.id for p in pods for t in p.tors]),
+        ("server", [x.id for p in pods for t in p.tors for x in t.servers]),
+        ("OXC", [o.id for o in oxcs]),
+    ):
+        twice = sorted({i for i in ids if ids.count(i) > 1}) if len(set(ids)) < len(ids) else []
+        if twice:
+            raise ValueError(f"{kind} id {twice[0]} appears more than once")
     if gpus <= 0 or not 0 < nic < math.inf:  # NaN fails too
         raise ValueError("gpus_per_server and nic_gbps must be positive")
     if any(not 0 <= o.reconfig_ms < math.inf for o in oxcs):
