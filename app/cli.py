@@ -250,7 +250,10 @@ def simulate(
     if (policy is None) == (compare is None):
         typer.echo("error: give exactly one of --policy or --compare", err=True)
         raise typer.Exit(2)
-    policies = [policy] if policy else [p.strip() for p in (compare or "").split(",") if p.strip()]
+    policies = [policy] if policy else [p.strip() for p in (compare or "").split(",")]
+    if "" in policies or len(set(policies)) < len(policies):
+        typer.echo("error: --compare takes distinct policy names, comma-separated", err=True)
+        raise typer.Exit(2)
     from app.sim.commands import run_simulate
 
     raise typer.Exit(

@@ -93,6 +93,10 @@ def test_unknown_algorithm_is_refused() -> None:
                           "--policy", "ideal", "--out", "afile"]),
         ({}, ["simulate", "--cluster", "small", "--workload", "w.jsonl", "--policy", "ideal",
               "--reconfig-ms", "nan"]),
+        ({}, ["simulate", "--cluster", "small", "--workload", "w.jsonl",
+              "--compare", "ideal,ideal"]),
+        ({}, ["simulate", "--cluster", "small", "--workload", "w.jsonl",
+              "--compare", "ideal,,ecmp"]),
     ],
 )  # fmt: skip
 def test_bad_offline_input_is_one_error_line_and_exit_2(

@@ -291,7 +291,8 @@ def write_plots(results: Sequence[SimResult], out_dir: Path, prefix: str = "") -
     ax.set_xlabel("iteration time / ideal")
     ax.set_ylabel("fraction of jobs")
     ax.set_title("Iteration-time slowdown CDF")
-    ax.legend()
+    if ax.get_legend_handles_labels()[0]:  # every job refused: nothing to label
+        ax.legend()
     paths.append(_save(fig, out_dir / f"{prefix}slowdown_cdf.png", plt))
 
     fig, ax = plt.subplots(figsize=(8, 4))
