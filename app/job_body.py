@@ -15,6 +15,7 @@ NaN and infinities. pydantic only: no web framework.
 from __future__ import annotations
 
 import datetime as dt
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, Strict, StrictBool, StrictInt, field_validator
@@ -108,6 +109,10 @@ JOB_EXAMPLE: dict[str, Any] = {
 }
 
 
+# RFC 3339 date-time (a missing offset is read as UTC)
+_DATE_TIME = re.compile(r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})?$")
+
+
 class JobIn(_Strict):
     """`POST /v1/jobs`: a job arrival. `job_id` makes the call idempotent."""
 
@@ -137,9 +142,12 @@ class JobIn(_Strict):
     @field_validator("deadline", mode="before")
     @classmethod
     def _deadline_not_bool(cls, value: Any) -> Any:
-        # JSON true/false would pass as the number 1/0 (lax floats): a typo, not a time
-        if isinstance(value, bool):
-            raise ValueError("deadline must be epoch seconds or an RFC 3339 time")
+        # JSON true/false would pass as the number 1/0 (lax floats), and pydantic reads a
+        # numeric string or a bare date as a time: a typo, not a time
+        if isinstance(value, bool) or (isinstance(value, str) and not _DATE_TIME.match(value)):
+            raise ValueError(
+                "deadline must be epoch seconds (a JSON number) or an RFC 3339 date-time"
+            )
         return value
 
     @field_validator("deadline")

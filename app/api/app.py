@@ -41,6 +41,9 @@ def create_app(services: Services) -> FastAPI:
         openapi_tags=TAGS,
         docs_url=None,
         redoc_url=None,
+        # no 307 to the path without its trailing slash (an undocumented answer whose
+        # Location echoes the client's Host header): such a path is a 404 problem
+        redirect_slashes=False,
     )
     app.state.services = services
     metrics = services.metrics

@@ -21,6 +21,8 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException
 
+from .problems import BODY_UNPARSABLE
+
 M = TypeVar("M", bound=BaseModel)
 
 # methods whose body, when one is sent, must be JSON (`middleware.JsonBodies`)
@@ -77,7 +79,7 @@ def _validated_as_fastapi_does(body: bytes, content_type: str | None, model: typ
                 body=exc.doc,
             ) from exc
         except Exception as exc:  # not UTF-8/16/32, as FastAPI answers it
-            raise HTTPException(400, "There was an error parsing the body") from exc
+            raise HTTPException(400, BODY_UNPARSABLE) from exc
     try:
         return model.model_validate(value, from_attributes=True)
     except ValidationError as exc:

@@ -66,6 +66,7 @@ def problem_response(
 
 
 _ABOVE_MAXIMUM = {"less_than_equal", "less_than"}
+BODY_UNPARSABLE = "There was an error parsing the body"  # fastapi.routing's 400 detail
 
 
 def _field_errors(exc: RequestValidationError) -> list[dict[str, Any]]:
@@ -109,6 +110,15 @@ async def _on_validation(_request: Request, exc: Exception) -> JSONResponse:
 
 async def _on_http(_request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
+    if exc.status_code == 400 and exc.detail == BODY_UNPARSABLE:
+        # FastAPI's answer to a body json.loads cannot read at all (bytes that are not
+        # UTF-8, nesting deeper than the parser goes): malformed JSON like any other
+        return problem_response(
+            400,
+            "Malformed JSON",
+            "the request body is not valid JSON (not UTF-8 text, or nested too deeply)",
+            kind="malformed-json",
+        )
     titles = {404: "Not found", 405: "Method not allowed", 401: "Unauthorized"}
     return problem_response(
         exc.status_code,

@@ -38,6 +38,8 @@ CASES = [
     ("negative bytes", {**GOOD, "model": {"parameters": -5}}, 422, "body.model.parameters"),
     ("not an object", [1, 2], 422, "body"),
     ("bool deadline", {**GOOD, "deadline": True}, 422, "body.deadline"),
+    ("numeric string deadline", {**GOOD, "deadline": "1893456000"}, 422, "body.deadline"),
+    ("bare date deadline", {**GOOD, "deadline": "2030-01-01"}, 422, "body.deadline"),
 ]
 
 
@@ -61,6 +63,11 @@ def test_malformed_json_and_wrong_media_are_4xx(server: LiveServer) -> None:
             r = c.post("/v1/jobs", content=raw, headers={"content-type": "application/json"})
             assert 400 <= r.status_code < 500, (raw, r.status_code)
             assert r.headers["content-type"] == "application/problem+json"
+        # bytes that are not text, and nesting past the parser: malformed JSON too
+        for raw in (b'{"job_id": "\xff\xfe"}', b"[" * 100_000 + b"]" * 100_000):
+            r = c.post("/v1/jobs", content=raw, headers={"content-type": "application/json"})
+            assert r.status_code == 400, (raw[:20], r.status_code)
+            assert r.json()["type"].endswith("/malformed-json"), r.json()
         assert c.get("/v1/jobs").json()["jobs"] == []
 
 
@@ -154,3 +161,12 @@ def test_unknown_route_and_method_are_problems(server: LiveServer) -> None:
         r = c.delete("/v1/jobs")
         assert r.status_code == 405
         assert r.headers["content-type"] == "application/problem+json"
+
+
+def test_a_trailing_slash_is_a_404_problem_not_a_redirect(server: LiveServer) -> None:
+    with server.client() as c:
+        assert c.post("/v1/jobs", json=GOOD).status_code in (201, 202)
+        for path in ("/v1/jobs/", "/v1/jobs/ok/", "/v1/jobs/%2F", "/v1/cluster/"):
+            r = c.get(path, follow_redirects=False)
+            assert r.status_code == 404, (path, r.status_code)
+            assert r.headers["content-type"] == "application/problem+json"
