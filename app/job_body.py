@@ -49,11 +49,13 @@ SCHEDULE_DESCRIPTION = (
 )
 
 
-class _Strict(BaseModel):
+class StrictModel(BaseModel):
+    """A request body: unknown fields are refused (a typo must not pass unnoticed)."""
+
     model_config = ConfigDict(extra="forbid")
 
 
-class ParallelismIn(_Strict):
+class ParallelismIn(StrictModel):
     """Parallel degrees; the job needs ep*dp*pp servers of 8 GPUs (TP is the server)."""
 
     dp: Degree = Field(description="data-parallel degree")
@@ -61,7 +63,7 @@ class ParallelismIn(_Strict):
     ep: Degree = Field(1, description="expert-parallel degree (EP group under one ToR)")
 
 
-class ModelIn(_Strict):
+class ModelIn(StrictModel):
     """What the launcher knows of the model; every field is optional."""
 
     parameters: Parameters | None = Field(None, description="parameter count (at most 1e15)")
@@ -83,7 +85,7 @@ class ModelIn(_Strict):
     )
 
 
-class ComputeIn(_Strict):
+class ComputeIn(StrictModel):
     """Compute times of one micro-batch and of the optimizer step, in seconds."""
 
     microbatch_forward_s: ComputeSeconds | None = None
@@ -113,7 +115,7 @@ JOB_EXAMPLE: dict[str, Any] = {
 _DATE_TIME = re.compile(r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})?$")
 
 
-class JobIn(_Strict):
+class JobIn(StrictModel):
     """`POST /v1/jobs`: a job arrival. `job_id` makes the call idempotent."""
 
     model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [JOB_EXAMPLE]})

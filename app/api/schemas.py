@@ -22,7 +22,7 @@ from app.job_body import (  # the job body is shared with workload files
     ParallelismIn,
     Parameters,
     Schedule,
-    _Strict,
+    StrictModel,
 )
 
 # 10 TB of memory per GPU: far past any GPU, and the memory model stays finite
@@ -107,7 +107,7 @@ class JobOut(BaseModel):
     schedule: Schedule = Field("gpipe", description=SCHEDULE_DESCRIPTION)
 
 
-class FailIn(_Strict):
+class FailIn(StrictModel):
     """`POST /v1/jobs/{job_id}/fail`: the launcher's command failed."""
 
     model_config = ConfigDict(
@@ -176,7 +176,7 @@ class DecisionPage(BaseModel):
     )
 
 
-class DemandIn(_Strict):
+class DemandIn(StrictModel):
     """Bytes one server sent another during the phase."""
 
     src: str = Field(min_length=1, max_length=200)
@@ -184,7 +184,7 @@ class DemandIn(_Strict):
     bytes: Annotated[Number, Field(ge=0)]
 
 
-class ReportIn(_Strict):
+class ReportIn(StrictModel):
     """One communication phase as the network saw it."""
 
     job_id: str | None = Field(
@@ -207,7 +207,7 @@ TRAFFIC_EXAMPLE: dict[str, Any] = {
 }
 
 
-class TrafficIn(_Strict):
+class TrafficIn(StrictModel):
     """`POST /v1/traffic`: a batch, accepted or refused as a whole."""
 
     model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [TRAFFIC_EXAMPLE]})
@@ -257,7 +257,7 @@ class PredictionOut(BaseModel):
     )
 
 
-class AdviceModelIn(_Strict):
+class AdviceModelIn(StrictModel):
     parameters: Parameters
     bytes_per_parameter: BytesPerParameter = 2.0
     hidden_size: Annotated[StrictInt, Field(ge=1)] | None = None
@@ -272,7 +272,7 @@ class AdviceModelIn(_Strict):
     zero_stage: Annotated[StrictInt, Field(ge=0, le=3)] = 0
 
 
-class AdviceParallelismIn(_Strict):
+class AdviceParallelismIn(StrictModel):
     tp: Degree = 1
     pp: Degree = 1
     dp: Degree = 1
@@ -294,7 +294,7 @@ ADVICE_EXAMPLE: dict[str, Any] = {
 }
 
 
-class AdviceIn(_Strict):
+class AdviceIn(StrictModel):
     """`POST /v1/advice/batch-size`: the largest micro-batch that fits GPU memory."""
 
     model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [ADVICE_EXAMPLE]})
