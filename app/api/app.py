@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import FastAPI
 
 from .deps import Services
-from .middleware import BodyLimit, CachedJobViews, JsonBodies, RequestTiming
+from .middleware import BodyLimit, CachedJobViews, JsonBodies, RequestTiming, TokenFirst
 from .openapi import install_openapi_and_docs
 from .problems import install_problem_handlers
 from .routes import advice, fabric, jobs, ops, telemetry
@@ -53,6 +53,7 @@ def create_app(services: Services) -> FastAPI:
     app.add_middleware(CachedJobViews, services=services)
     app.add_middleware(JsonBodies)
     app.add_middleware(BodyLimit, max_bytes=services.settings.max_body_bytes)
+    app.add_middleware(TokenFirst, services=services)  # 401 before any body check
     app.add_middleware(RequestTiming, metrics=metrics)
 
     install_openapi_and_docs(app)

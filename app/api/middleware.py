@@ -73,6 +73,35 @@ class BodyLimit:
         await response(scope, receive, send)
 
 
+class TokenFirst:
+    """401 for a `/v1` request without a valid token, before its body is looked at.
+
+    Every `/v1` route needs a token when tokens are configured (the scope is the
+    route's own check, 403). Checked here first, so a caller without one learns
+    only that: not whether its body was too large, not JSON, or malformed.
+    """
+
+    def __init__(self, app: ASGIApp, services: Services) -> None:
+        self.app = app
+        self.services = services
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"].startswith("/v1/"):
+            tokens = self.services.token_scopes()
+            if tokens:
+                header = dict(scope.get("headers") or ()).get(b"authorization", b"")
+                if scope_of(header.decode("latin-1"), tokens) is None:
+                    response = problem_response(
+                        401,
+                        "Unauthorized",
+                        "a valid bearer token is required",
+                        headers={"WWW-Authenticate": "Bearer"},
+                    )
+                    await response(scope, receive, send)
+                    return
+        await self.app(scope, receive, send)
+
+
 class JsonBodies:
     """Refuse a request body that is not declared JSON with 415, before any route reads it.
 

@@ -34,8 +34,17 @@ def test_tokens_and_scopes(secured: LiveServer) -> None:
         assert anon.get("/healthz").status_code == 200
         assert anon.get("/readyz").status_code == 200
         assert anon.get("/metrics").status_code == 200
+        # no token: 401 before the body is looked at (not 415, 400 or 413)
+        for content, kind in (
+            (b"x", "text/plain"),
+            (b"{", "application/json"),
+            (b"[" * 10_000_000, "application/json"),
+        ):
+            r = anon.post("/v1/jobs", content=content, headers={"content-type": kind})
+            assert r.status_code == 401, (kind, r.status_code)
     with secured.client("wrong") as bad:
         assert bad.get("/v1/jobs").status_code == 401
+        assert bad.post("/v1/jobs", content=b"{").status_code == 401
     with secured.client("tele-secret-2") as tele:
         r = tele.post("/v1/jobs", json=body)
         assert r.status_code == 403
