@@ -52,6 +52,12 @@ _KEYS: dict[QueuePolicy, Callable[[Job], tuple[float, ...]]] = {
 }
 
 
+def needs_servers(needed: int, free: int, how: str = "") -> str:
+    """A queued job's wait as its `queue_reason` states it ("needs 1 server, 0 free");
+    `how` follows the count (" in EP groups of 8 servers inside a pod")."""
+    return f"needs {needed} server{'' if needed == 1 else 's'}{how}, {free} free"
+
+
 def order_queue(queue: Sequence[Job], policy: QueuePolicy) -> list[Job]:
     """The queue in the order `policy` serves it."""
     return sorted(queue, key=_KEYS[policy])

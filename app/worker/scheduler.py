@@ -15,7 +15,7 @@ from functools import partial
 from app.engine.cluster import Cluster
 from app.engine.job import Job
 from app.engine.placement import OPTICAL_EXTRA_PODS, fewest_pods, place_job, uplinks_free
-from app.engine.queue import Admission, QueuePolicy, admit_queued
+from app.engine.queue import Admission, QueuePolicy, admit_queued, needs_servers
 from app.store import ConcurrentChange, PlacedCache, Snapshot, Store
 from app.store.mapping import placement_to_json
 from app.store.repository import utcnow
@@ -59,7 +59,7 @@ def queue_reasons(
                     f"uplinks are taken, so it waits for a compact layout"
                 )
             reasons[job.job_id] = (
-                f"head of the queue: needs {job.servers_needed} servers{groups}, {free} free"
+                f"head of the queue: {needs_servers(job.servers_needed, free, groups)}"
                 f"{spread}; {len(admission.reserved_servers)} servers reserved"
             )
         elif admission.reserved_for is not None:
@@ -68,7 +68,7 @@ def queue_reasons(
                 f"servers outside its reservation"
             )
         else:
-            reasons[job.job_id] = f"needs {job.servers_needed} servers, {free} free"
+            reasons[job.job_id] = needs_servers(job.servers_needed, free)
     return reasons
 
 

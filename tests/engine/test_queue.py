@@ -10,7 +10,13 @@ from hypothesis import strategies as st
 from app.engine.cluster import build_cluster, preset
 from app.engine.job import Job, Parallelism, Placement
 from app.engine.placement import place_job
-from app.engine.queue import QueuePolicy, admit_queued, order_queue, reserved_start
+from app.engine.queue import (
+    QueuePolicy,
+    admit_queued,
+    needs_servers,
+    order_queue,
+    reserved_start,
+)
 
 CLUSTER = build_cluster(
     "q",
@@ -255,3 +261,9 @@ def test_a_head_that_needs_several_tors_reserves_them_in_as_few_pods_as_it_can()
     admission = admit_queued(cluster, some, [small], QueuePolicy.FIFO)
     assert admission.reserved_for == "small"
     assert {cluster.server(s).tor_id for s in admission.reserved_servers} == {"pod-1/tor-0"}
+
+
+def test_a_queue_reason_counts_servers_in_english() -> None:
+    assert needs_servers(1, 0) == "needs 1 server, 0 free"
+    assert needs_servers(4, 2) == "needs 4 servers, 2 free"
+    assert needs_servers(8, 3, " in EP groups of 8") == "needs 8 servers in EP groups of 8, 3 free"

@@ -25,6 +25,7 @@ from starlette.concurrency import run_in_threadpool
 from app.engine.job import JobState
 from app.engine.job_lease import JobLease, lease_deadline
 from app.engine.placement import never_fits
+from app.engine.queue import needs_servers
 from app.job_body import JOB_ID_PATTERN, JobIn, job_from_body
 from app.store import JobRecord
 
@@ -240,8 +241,7 @@ async def submit_job(
         if now is not None and now.state == "queued" and free < engine_job.servers_needed:
             settled = replace(
                 now,
-                queue_reason=now.queue_reason
-                or f"needs {engine_job.servers_needed} servers, {free} free",
+                queue_reason=now.queue_reason or needs_servers(engine_job.servers_needed, free),
             )
         else:
             settled = await wait_for_job(
