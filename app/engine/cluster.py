@@ -8,6 +8,7 @@ files and turn them into these values with `cluster_from_dict`.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from functools import cached_property
@@ -330,7 +331,7 @@ def cluster_from_dict(data: Mapping[str, Any], name: str = "custom") -> Cluster:
         ("server", [x.id for p in pods for t in p.tors for x in t.servers]),
         ("OXC", [o.id for o in oxcs]),
     ):
-        twice = sorted({i for i in ids if ids.count(i) > 1}) if len(set(ids)) < len(ids) else []
+        twice = sorted(i for i, n in Counter(ids).items() if n > 1)
         if twice:
             raise ValueError(f"{kind} id {twice[0]} appears more than once")
     if gpus <= 0 or not 0 < nic < math.inf:  # NaN fails too

@@ -284,9 +284,10 @@ class Simulation:
         # the service's admission, as POST /v1/jobs applies it: never fits, or does not
         # fit GPU memory (a 422 there: the job never runs)
         reasons = never_fits(self.cluster, job)
-        memory = check_job_memory(job, self.gpu_memory_bytes, tp=self.cluster.gpus_per_server)
-        if not reasons and memory is not None and not memory.fits:
-            reasons = memory.reasons
+        if not reasons:
+            memory = check_job_memory(job, self.gpu_memory_bytes, tp=self.cluster.gpus_per_server)
+            if memory is not None and not memory.fits:
+                reasons = memory.reasons
         if reasons:
             self.results[job_id].refused = "; ".join(reasons)
             self.done += 1
