@@ -51,6 +51,7 @@ from app.engine.traffic import PHASE_DP, PHASE_PP, job_traffic
 from app.sim.families import jitter
 from app.sim.simulator import simulate
 from app.sim.workload import read_workload
+from app.worker.gc_policy import collect_if_due, defer_full_collections
 
 SEED = 20261123
 P99_BOUND_MS = 10.0
@@ -90,13 +91,23 @@ def replay(path: str, jobs: int, min_running: int, collector: bool) -> int:
     cluster = preset("seed-15k", reconfig_ms=REPLAY_RECONFIG_MS)
     workload = jitter(read_workload(path), 1)[:jobs]
     print(f"replaying {len(workload)} jobs of {path} (lightpath) ...", file=sys.stderr)
+    # the fabric process's collector policy: start-up state frozen, full collections
+    # between passes, never inside one (`app.worker.gc_policy`)
+    gc.freeze()
+    defer_full_collections()
 
     def progress(done: int, total: int) -> None:
         if done % 100 == 0:
             print(f"  {done}/{total} jobs done", file=sys.stderr)
 
     result = simulate(
-        cluster, workload, "lightpath", seed=1, reconfig_ms=cluster.reconfig_ms, progress=progress
+        cluster,
+        workload,
+        "lightpath",
+        seed=1,
+        reconfig_ms=cluster.reconfig_ms,
+        progress=progress,
+        between_steps=collect_if_due if collector else None,
     )
     steps = [s for s in result.controller_steps if s.running >= min_running]
     if not steps:

@@ -56,6 +56,7 @@ from .circuits import PodCircuits
 from .cluster import Cluster
 from .cross_connects import CrossConnect, CrossConnectMapping, port_pods
 from .job import Job, Placement
+from .memo import IdentityMemo
 from .traffic import ALGO_RING, PHASE_DP, PHASE_PP, job_traffic
 
 MODE_ISOLATED = "isolated"
@@ -359,15 +360,16 @@ def _part(x: float, total: float) -> float:
 _Prepared = tuple[
     dict[tuple[str, str], float], dict[tuple[str, str], int], float, tuple[str, ...], frozenset[str]
 ]
-_PREPARED: dict[int, tuple[JobDemand, float, _Prepared]] = {}
+_PREPARED: IdentityMemo[_Prepared] = IdentityMemo(8192)
 
 
 def _prepared(d: JobDemand, port_bps: float) -> _Prepared:
     """Bytes and ideal circuits per pair, the ideal iteration time and the pods (memoised
     per demand)."""
-    hit = _PREPARED.get(id(d))
-    if hit is not None and hit[0] is d and hit[1] == port_bps:
-        return hit[2]
+    return _PREPARED.get((d,), lambda: _prepare(d, port_bps), port_bps)
+
+
+def _prepare(d: JobDemand, port_bps: float) -> _Prepared:
     pair = {(a, b): x for a, b, x in d.pair_bytes}
     cap: dict[tuple[str, str], int] = {(a, b): n for a, b, n in d.pair_ports}
     if not cap:
@@ -384,15 +386,11 @@ def _prepared(d: JobDemand, port_bps: float) -> _Prepared:
         # beyond what brings a pair to the job's slowest ideal pair, circuits gain nothing
         for k, x in pair.items():
             cap[k] = max(1, min(cap[k], math.ceil(x / (net * port_bps) - 1e-9)))
-    if len(_PREPARED) > 8192:
-        _PREPARED.clear()
     pods = d.pods
-    result: _Prepared = (pair, cap, ideal, pods, frozenset(pods))
-    _PREPARED[id(d)] = (d, port_bps, result)
-    return result
+    return (pair, cap, ideal, pods, frozenset(pods))
 
 
-_WIRED: dict[int, tuple[Cluster, dict[str, list[int]]]] = {}
+_WIRED: IdentityMemo[dict[str, list[int]]] = IdentityMemo(8)
 
 
 class _Ports:
@@ -401,18 +399,15 @@ class _Ports:
     __slots__ = ("free", "oxcs", "index")
 
     def __init__(self, cluster: Cluster) -> None:
-        hit = _WIRED.get(id(cluster))
-        if hit is None or hit[0] is not cluster:
-            wired = {
+        wired = _WIRED.get(
+            (cluster,),
+            lambda: {
                 p.id: [len(o.pod_ports.get(p.id, ())) for o in cluster.oxcs] for p in cluster.pods
-            }
-            if len(_WIRED) > 8:
-                _WIRED.clear()
-            hit = (cluster, wired)
-            _WIRED[id(cluster)] = hit
+            },
+        )
         self.oxcs = [o.id for o in cluster.oxcs]
         self.index = {o: i for i, o in enumerate(self.oxcs)}
-        self.free: dict[str, list[int]] = {p: list(v) for p, v in hit[1].items()}
+        self.free: dict[str, list[int]] = {p: list(v) for p, v in wired.items()}
 
     def room(self, a: str, b: str) -> int:
         return sum(map(min, self.free[a], self.free[b]))

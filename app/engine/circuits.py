@@ -19,10 +19,11 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from .memo import Memo
 from .traffic import DemandMatrix
 
 if TYPE_CHECKING:  # numpy and scipy load when the exact solver first runs (start-up time)
@@ -178,10 +179,8 @@ def _route_at(
 
 
 # evaluate_circuits is pure, and the controller asks the same of it every iteration
-# of a job (each phase of its learned cycle on each candidate topology): remembered
-# answers, dropped wholesale when this many are held
-_EVAL_MEMO_SIZE = 8192
-_EVAL_MEMO: dict[tuple[object, ...], CircuitPlan] = {}
+# of a job (each phase of its learned cycle on each candidate topology)
+_EVALUATED: Memo[CircuitPlan] = Memo(8192)
 
 
 def evaluate_circuits(
@@ -201,28 +200,9 @@ def evaluate_circuits(
         window_s,
         solver,
     )
-    return _remembered(
-        _EVAL_MEMO,
-        _EVAL_MEMO_SIZE,
-        key,
-        lambda: _evaluate_circuits(demand, circuits, ports, port_gbps, window_s, solver),
+    return _EVALUATED.get(
+        key, lambda: _evaluate_circuits(demand, circuits, ports, port_gbps, window_s, solver)
     )
-
-
-def _remembered(
-    memo: dict[tuple[object, ...], CircuitPlan],
-    size: int,
-    key: tuple[object, ...],
-    compute: Callable[[], CircuitPlan],
-) -> CircuitPlan:
-    """memo[key], computed once; the memo is dropped wholesale when it holds `size`."""
-    hit = memo.get(key)
-    if hit is None:
-        hit = compute()
-        if len(memo) >= size:
-            memo.clear()
-        memo[key] = hit
-    return hit
 
 
 def _evaluate_circuits(
@@ -434,9 +414,8 @@ def _add_spare_circuits(
 
 # plan_circuits is pure and the same job's demand on the same budget comes back
 # often (re-allocations that leave a job unchanged, per-phase plans, a job's
-# repeated phases): remembered plans, dropped wholesale when this many are held
-_PLAN_MEMO_SIZE = 4096
-_PLAN_MEMO: dict[tuple[object, ...], CircuitPlan] = {}
+# repeated phases)
+_PLANNED: Memo[CircuitPlan] = Memo(4096)
 
 
 def plan_circuits(
@@ -461,9 +440,7 @@ def plan_circuits(
         improve_rounds,
         lp_max_pods,
     )
-    return _remembered(
-        _PLAN_MEMO,
-        _PLAN_MEMO_SIZE,
+    return _PLANNED.get(
         key,
         lambda: _plan_circuits(demand, ports, port_gbps, window_s, improve_rounds, lp_max_pods),
     )

@@ -39,6 +39,7 @@ from dataclasses import dataclass, replace
 
 from .cluster import Cluster
 from .job import Collective, Job, Placement
+from .memo import IdentityMemo
 from .traffic import (
     ALGO_HIERARCHICAL_RING,
     ALGO_INC,
@@ -389,6 +390,51 @@ def _inc_group(
     return streams, crossings, root_tor
 
 
+@dataclass(frozen=True, slots=True)
+class _Shape:
+    """Where a placement's DP groups sit, as the cost estimates read it: the same for
+    every estimate of the placement, so it is worked out once (`_shape`)."""
+
+    sigs: tuple[_Signature, ...]
+    split: dict[_Signature, dict[str, int]]  # per distinct signature: `_pod_groups`
+    ring: Counter[tuple[str, str]]  # directed pod pairs the rings cross
+    inter: Counter[tuple[str, str]]  # those the hierarchical rings' inter-part rings cross
+    sizes: frozenset[int]  # distinct group sizes
+    single: bool  # every group has one member: nothing to reduce
+
+
+def _shape(cluster: Cluster, placement: Placement) -> _Shape:
+    return _SHAPES.get((cluster, placement), lambda: _make_shape(cluster, placement))
+
+
+def _make_shape(cluster: Cluster, placement: Placement) -> _Shape:
+    groups = dp_groups(cluster, placement)
+    sigs = tuple(_signatures(cluster, groups))
+    alike = Counter(sigs)
+    split = {sig: _pod_groups(sig) for sig in alike}
+    ring = _ring_crossings(([p for p, _ in sig], n) for sig, n in alike.items())
+    # hierarchical ring: the k-th member of every part forms a ring across the
+    # parts, k < the smallest part; parts split by ToR share a pod (no crossing)
+    inter = _ring_crossings(
+        (list(parts), n * min(parts.values()))
+        for sig, n in alike.items()
+        for parts in [split[sig]]
+        if len({p for p, _ in sig}) > 1
+    )
+    return _Shape(
+        sigs,
+        split,
+        ring,
+        inter,
+        frozenset(len(sig) for sig in alike),
+        all(len(g) <= 1 for g in groups),
+    )
+
+
+# placements are re-estimated on every re-plan of their job (and candidates while placing)
+_SHAPES: IdentityMemo[_Shape] = IdentityMemo(4096)
+
+
 def estimate_costs(
     cluster: Cluster,
     job: Job,
@@ -399,24 +445,13 @@ def estimate_costs(
 ) -> tuple[dict[Collective, float], _IncOffer]:
     """Seconds per algorithm for the job's slowest DP group, and the INC offer behind it."""
     size = gradient_bytes(job) if size_bytes is None else size_bytes
-    sigs = _signatures(cluster, dp_groups(cluster, placement))
-    alike = Counter(sigs)
+    shape = _shape(cluster, placement)
+    split = shape.split
     server = gbps_to_bytes_per_s(cluster.server_gbps)
-    ring_b = _per_flow_bps(
-        cluster, _ring_crossings(([p for p, _ in sig], n) for sig, n in alike.items()), pod_gbps
-    )
-    split = {sig: _pod_groups(sig) for sig in alike}
-    # hierarchical ring: the k-th member of every part forms a ring across the
-    # parts, k < the smallest part; parts split by ToR share a pod (no crossing)
-    inter = _ring_crossings(
-        (list(parts), n * min(parts.values()))
-        for sig, n in alike.items()
-        for parts in [split[sig]]
-        if len({p for p, _ in sig}) > 1
-    )
-    inter_b = _per_flow_bps(cluster, inter, pod_gbps)
-    offer = _inc_offer(cluster, job.job_id, sigs, ledger, pod_gbps)
-    sizes = {len(sig) for sig in alike}
+    ring_b = _per_flow_bps(cluster, shape.ring, pod_gbps)
+    inter_b = _per_flow_bps(cluster, shape.inter, pod_gbps)
+    offer = _inc_offer(cluster, job.job_id, shape.sigs, ledger, pod_gbps)
+    sizes = shape.sizes
     costs = {
         ALGO_RING: max((ring_time_s(n, size, ring_b) for n in sizes), default=0.0),
         ALGO_TREE: max((tree_time_s(n, size, ring_b) for n in sizes), default=0.0),
@@ -449,8 +484,7 @@ def choose_collective(
     """
     costs, offer = estimate_costs(cluster, job, placement, ledger, pod_gbps, size_bytes)
     ordered = tuple(sorted(costs.items(), key=lambda kv: kv[0]))
-    groups = dp_groups(cluster, placement)
-    if all(len(g) <= 1 for g in groups):
+    if _shape(cluster, placement).single:
         return CollectiveChoice(job.job_id, ALGO_RING, False, (), (), 0.0, REASON_SINGLE, ordered)
     forced = job.collective
     algo: Collective

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from .circuits import PodCircuits
 from .cluster import Cluster
+from .memo import IdentityMemo
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -71,24 +72,20 @@ class CrossConnectMapping:
     added: int
 
 
-_PORT_PODS: dict[int, tuple[Cluster, dict[tuple[str, int], str]]] = {}
+_PORT_PODS: IdentityMemo[dict[tuple[str, int], str]] = IdentityMemo(8)
 
 
 def port_pods(cluster: Cluster) -> dict[tuple[str, int], str]:
-    """(oxc_id, port) -> the pod whose uplink is wired there (memoised per cluster value)."""
-    hit = _PORT_PODS.get(id(cluster))
-    if hit is not None and hit[0] is cluster:
-        return hit[1]
-    table = {
-        (o.id, port): pod
-        for o in cluster.oxcs
-        for pod, ports in o.pod_ports.items()
-        for port in ports
-    }
-    if len(_PORT_PODS) > 8:  # a handful of clusters per process; keep the memo small
-        _PORT_PODS.clear()
-    _PORT_PODS[id(cluster)] = (cluster, table)
-    return table
+    """(oxc_id, port) -> the pod whose uplink is wired there (memoised per cluster)."""
+    return _PORT_PODS.get(
+        (cluster,),
+        lambda: {
+            (o.id, port): pod
+            for o in cluster.oxcs
+            for pod, ports in o.pod_ports.items()
+            for port in ports
+        },
+    )
 
 
 def _physical(cc: CrossConnect) -> tuple[str, int, int]:

@@ -54,6 +54,7 @@ from .cross_connects import (
     realised_circuits,
 )
 from .job import Job, Placement
+from .memo import IdentityMemo
 from .traffic import PHASE_DP, PHASE_PP, DemandMatrix, Flow, PhaseTraffic, job_traffic
 
 MODE_ISOLATED = "isolated"
@@ -354,8 +355,7 @@ def plan_fabric(
         choice = choose_collective(cluster, pj.job, pj.placement, ledger)
         ledger = ledger.reserve(cluster, choice.grants)
         traffic = collective_traffic(cluster, pj.job, pj.placement, choice)
-        phases = {t.phase: t.pod_demand for t in traffic}
-        combined = phases[PHASE_PP].plus(phases[PHASE_DP])
+        combined = combined_demand(traffic)
         if allocation is not None:
             slc = _allocated_slice(job_id, allocation.job(job_id), combined)
         else:
@@ -584,8 +584,19 @@ def _shrunk(cluster: Cluster, d: _Draft, pod: str, ports: int) -> _Draft:
 
 def _restrict(demand: DemandMatrix) -> DemandMatrix:
     """The demand over only the pods it touches (small instances plan fast)."""
-    pods = sorted({p for p, _, _ in demand.entries()} | {q for _, q, _ in demand.entries()})
-    return DemandMatrix.from_entries(pods, demand.entries())
+    return _RESTRICTED.get((demand,), lambda: _restricted(demand))
+
+
+def _restricted(demand: DemandMatrix) -> DemandMatrix:
+    entries = demand.entries()
+    pods = sorted({p for p, _, _ in entries} | {q for _, q, _ in entries})
+    return DemandMatrix.from_entries(pods, entries)
+
+
+# a job's demand matrices come from its remembered traffic (`traffic.job_traffic`):
+# re-planning it restricts and combines the very same matrices again
+_RESTRICTED: IdentityMemo[DemandMatrix] = IdentityMemo(4096)
+_COMBINED: IdentityMemo[DemandMatrix] = IdentityMemo(4096)
 
 
 def _finish(cluster: Cluster, d: _Draft, real: PodCircuits) -> JobFabric:
@@ -668,6 +679,10 @@ def _electrical_routes(cluster: Cluster, flows: Sequence[Flow]) -> tuple[Route, 
 
 def combined_demand(traffic: Sequence[PhaseTraffic]) -> DemandMatrix:
     """A job's pp and dp phases together: what its held topology serves."""
+    return _COMBINED.get((traffic,), lambda: _combined(traffic))
+
+
+def _combined(traffic: Sequence[PhaseTraffic]) -> DemandMatrix:
     phases = {t.phase: t.pod_demand for t in traffic}
     return phases[PHASE_PP].plus(phases[PHASE_DP])
 

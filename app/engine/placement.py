@@ -47,6 +47,7 @@ from .allocation import job_demand
 from .cluster import Cluster, Pod, Tor
 from .collective import ALPHA_RING_S, AggregatorGrant, AggregatorLedger, estimate_costs
 from .job import Collective, Job, Placement, Unit, Unplaceable
+from .memo import IdentityMemo
 from .traffic import ALGO_INC, ALGO_RING, ALGO_TREE, resolve_facts
 
 NEVER_TOO_MANY_SERVERS = "needs more servers than the cluster has"
@@ -251,25 +252,21 @@ def _choose_slots(
     return slots
 
 
-_IDS: dict[
-    int, tuple[Cluster, tuple[tuple[str, tuple[tuple[str, tuple[str, ...]], ...]], ...]]
-] = {}
+_IDS: IdentityMemo[tuple[tuple[str, tuple[tuple[str, tuple[str, ...]], ...]], ...]]
+_IDS = IdentityMemo(8)
 
 
 def _server_ids(
     cluster: Cluster,
 ) -> tuple[tuple[str, tuple[tuple[str, tuple[str, ...]], ...]], ...]:
-    """(pod id, ((ToR id, server ids), ...)) in fabric order, memoised per cluster value."""
-    hit = _IDS.get(id(cluster))
-    if hit is not None and hit[0] is cluster:
-        return hit[1]
-    ids = tuple(
-        (p.id, tuple((t.id, tuple(s.id for s in t.servers)) for t in p.tors)) for p in cluster.pods
+    """(pod id, ((ToR id, server ids), ...)) in fabric order, memoised per cluster."""
+    return _IDS.get(
+        (cluster,),
+        lambda: tuple(
+            (p.id, tuple((t.id, tuple(s.id for s in t.servers)) for t in p.tors))
+            for p in cluster.pods
+        ),
     )
-    if len(_IDS) > 8:  # a handful of clusters per process; keep the memo small
-        _IDS.clear()
-    _IDS[id(cluster)] = (cluster, ids)
-    return ids
 
 
 def _free_servers(

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 from .cluster import Cluster
 from .job import Collective, Job, Placement, Unit
+from .memo import IdentityMemo
 
 PHASE_PP = "pp"
 PHASE_DP = "dp"
@@ -153,6 +154,10 @@ class PhaseTraffic:
 
 def resolve_facts(job: Job) -> TrafficFacts:
     """The job's model facts with documented defaults for the missing ones."""
+    return _FACTS.get((job,), lambda: _resolve_facts(job))
+
+
+def _resolve_facts(job: Job) -> TrafficFacts:
     m = job.model
     defaulted: list[str] = []
     params = m.parameters if m and m.parameters else None
@@ -176,6 +181,9 @@ def resolve_facts(job: Job) -> TrafficFacts:
         mbs = MICROBATCHES_PER_STAGE * job.parallelism.pp
         defaulted.append("microbatches")
     return TrafficFacts(float(params), float(bpp), float(act), int(mbs), tuple(defaulted))
+
+
+_FACTS: IdentityMemo[TrafficFacts] = IdentityMemo(4096)
 
 
 def gradient_bytes(job: Job) -> float:
@@ -344,20 +352,14 @@ def job_traffic(
     whose ports changed, and their traffic is the same as the last time.
     """
     roots = tuple(sorted(root_tors.items())) if root_tors else ()
-    key = (id(job), id(placement), dp_algorithm, roots, id(cluster))
-    hit = _TRAFFIC_MEMO.get(key)
-    if hit is not None and hit[0] is job and hit[1] is placement and hit[2] is cluster:
-        return hit[3]
-    traffic = _job_traffic(cluster, job, placement, dp_algorithm, root_tors)
-    if len(_TRAFFIC_MEMO) >= _TRAFFIC_MEMO_SIZE:
-        _TRAFFIC_MEMO.clear()
-    _TRAFFIC_MEMO[key] = (job, placement, cluster, traffic)
-    return traffic
+    return _TRAFFIC.get(
+        (job, placement, cluster),
+        lambda: _job_traffic(cluster, job, placement, dp_algorithm, root_tors),
+        (dp_algorithm, roots),
+    )
 
 
-_TRAFFIC_MEMO: dict[tuple[object, ...], tuple[Job, Placement, Cluster, tuple[PhaseTraffic, ...]]]
-_TRAFFIC_MEMO = {}
-_TRAFFIC_MEMO_SIZE = 4096
+_TRAFFIC: IdentityMemo[tuple[PhaseTraffic, ...]] = IdentityMemo(4096)
 
 
 def _job_traffic(

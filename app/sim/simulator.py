@@ -188,8 +188,12 @@ class Simulation:
         progress: ProgressFn | None = None,
         gpu: str | None = None,
         max_extra_pods: int | None = OPTICAL_EXTRA_PODS,
+        between_steps: Callable[[], object] | None = None,
     ) -> None:
         self.cluster = cluster
+        # run after every controller step, outside its timing: what the worker's fabric
+        # process does between passes (`app.worker.gc_policy.collect_if_due`)
+        self.between_steps = between_steps
         self.max_extra_pods = max_extra_pods  # lightpath's placement (`place_job`)
         self.gpu = gpu or cluster.gpu_model
         self.gpu_memory_bytes = gpu_profile(self.gpu).memory_bytes
@@ -363,6 +367,8 @@ class Simulation:
         self.controller_steps.append(
             ControllerStep(kind, running, (time.process_time() - cpu) * 1000)
         )
+        if self.between_steps is not None:
+            self.between_steps()
 
     def _ledger(self) -> AggregatorLedger:
         fabric = self.control.fabric
@@ -632,6 +638,7 @@ def simulate(
     progress: ProgressFn | None = None,
     gpu: str | None = None,
     max_extra_pods: int | None = OPTICAL_EXTRA_PODS,
+    between_steps: Callable[[], object] | None = None,
 ) -> SimResult:
     """Run one policy over a workload; see `Simulation`."""
     return Simulation(
@@ -644,6 +651,7 @@ def simulate(
         progress=progress,
         gpu=gpu,
         max_extra_pods=max_extra_pods,
+        between_steps=between_steps,
     ).run()
 
 

@@ -48,6 +48,9 @@ class FabricLoop:
         self.on_fabric_change = on_fabric_change  # new desired state: kick the switches
         # run before each pass of `run` (the worker's thread lets an admission go first)
         self.before_pass: Callable[[threading.Event], None] = lambda stop: None
+        # run after each pass of `run`, told whether nothing waits for the next one (the
+        # fabric process makes its full garbage collections there: `gc_policy`)
+        self.after_pass: Callable[[bool], object] = lambda idle: None
         self.replan = threading.Event()
         self._due = threading.Event()
         self._lock = threading.Lock()
@@ -126,7 +129,9 @@ class FabricLoop:
             try:
                 self.pass_once()
                 backoff_s = 0.1
-                if self.driver.backlog:  # reports left after the pass's budget: go on at once
+                backlog = self.driver.backlog
+                self.after_pass(not backlog and not self._due.is_set())
+                if backlog:  # reports left after the pass's budget: go on at once
                     self._due.set()
             except Exception:
                 log.exception("fabric pass failed; retrying from the durable state")

@@ -1,0 +1,51 @@
+"""The engine's memos: an identity memo never answers for a different object."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from app.engine.memo import IdentityMemo, Memo
+from app.engine.traffic import DemandMatrix
+
+
+def _matrix(x: float) -> DemandMatrix:
+    return DemandMatrix(("a", "b"), ((0.0, x), (x, 0.0)))
+
+
+def test_identity_memo_answers_once_per_object_and_key() -> None:
+    memo: IdentityMemo[float] = IdentityMemo(16)
+    calls: list[float] = []
+
+    def total(d: DemandMatrix) -> float:
+        calls.append(d.total_bytes)
+        return d.total_bytes
+
+    one, same_value = _matrix(1.0), _matrix(1.0)
+    assert memo.get((one,), lambda: total(one)) == 2.0
+    assert memo.get((one,), lambda: total(one)) == 2.0
+    assert len(calls) == 1
+    # an equal but distinct object is another entry: identity, not value
+    memo.get((same_value,), lambda: total(same_value))
+    assert len(calls) == 2
+    # the value key separates answers for the same object
+    assert memo.get((one,), lambda: -1.0, key="other") == -1.0
+
+
+@given(st.lists(st.floats(min_value=0.0, max_value=1e12), min_size=1, max_size=60))
+def test_identity_memo_stays_bounded_and_right(values: list[float]) -> None:
+    memo: IdentityMemo[float] = IdentityMemo(8)
+    matrices = [_matrix(v) for v in values]
+    for d in matrices + matrices:
+        assert memo.get((d,), lambda d=d: d.total_bytes) == d.total_bytes
+        assert len(memo) <= 8
+
+
+def test_value_memo_is_dropped_wholesale_when_full() -> None:
+    memo: Memo[int] = Memo(3)
+    for k in range(3):
+        memo.get(k, lambda k=k: k * k)
+    assert len(memo) == 3
+    assert memo.get(7, lambda: 49) == 49
+    assert len(memo) == 1
+    assert memo.get(0, lambda: -1) == -1  # forgotten: computed again

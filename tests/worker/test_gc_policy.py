@@ -1,0 +1,77 @@
+"""The fabric process's collector policy: full collections only when asked, and due."""
+
+from __future__ import annotations
+
+import gc
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from app.worker.fabric_driver import FabricPassResult
+from app.worker.fabric_loop import FabricLoop
+from app.worker.gc_policy import FULL_AFTER_GEN1, collect_if_due, defer_full_collections
+from app.worker.metrics import WorkerMetrics
+
+
+@pytest.fixture
+def restored_collector() -> Iterator[None]:
+    thresholds = gc.get_threshold()
+    yield
+    gc.set_threshold(*thresholds)
+
+
+def test_full_collections_wait_for_the_idle_call(restored_collector: None) -> None:
+    before = gc.get_threshold()
+    defer_full_collections()
+    young, middle, full = gc.get_threshold()
+    assert (young, middle) == before[:2] and full > 10**6
+    gc.collect()  # counters start at zero
+    for _ in range(FULL_AFTER_GEN1 - 1):
+        gc.collect(1)
+    assert gc.get_count()[2] == FULL_AFTER_GEN1 - 1
+    assert not collect_if_due()
+    gc.collect(1)
+    # due when idle, not yet overdue while busy
+    assert not collect_if_due(idle=False)
+    assert collect_if_due()
+    assert gc.get_count()[2] == 0
+
+
+class _Driver:
+    """What the fabric loop needs of a driver: passes that plan nothing, a backlog."""
+
+    def __init__(self, backlogs: list[bool]) -> None:
+        self.backlogs = backlogs
+        self.passes = 0
+
+    def sync(self, reason: str, *, force: bool = False) -> FabricPassResult:
+        self.passes += 1
+        return FabricPassResult(False, (), ())
+
+    def consume(self) -> bool:
+        return False
+
+    @property
+    def backlog(self) -> bool:
+        return self.backlogs[min(self.passes, len(self.backlogs)) - 1]
+
+
+def test_the_fabric_loop_says_after_each_pass_whether_it_is_idle() -> None:
+    # a backlog (traffic left after a pass's budget) is not idle time: the loop goes on
+    driver = _Driver([True, True, False])
+    loop = FabricLoop(driver, WorkerMetrics(), tick_s=0.05, announce=lambda ids: None)  # type: ignore[arg-type]
+    seen: list[bool] = []
+    stop = threading.Event()
+
+    def after(idle: bool) -> None:
+        seen.append(idle)
+        if len(seen) == 3:
+            stop.set()
+
+    loop.after_pass = after
+    loop.request("arrival")
+    runner = threading.Thread(target=loop.run, args=(stop, lambda: True))
+    runner.start()
+    runner.join(timeout=10)
+    assert seen == [False, False, True]
