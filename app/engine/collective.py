@@ -445,28 +445,39 @@ def estimate_costs(
 ) -> tuple[dict[Collective, float], _IncOffer]:
     """Seconds per algorithm for the job's slowest DP group, and the INC offer behind it."""
     size = gradient_bytes(job) if size_bytes is None else size_bytes
+    costs = _host_costs(cluster, placement, pod_gbps, size)
+    offer = _inc_offer(cluster, job.job_id, _shape(cluster, placement).sigs, ledger, pod_gbps)
+    costs[ALGO_INC] = (
+        inc_time_s(size, gbps_to_bytes_per_s(offer.rate_gbps), offer.levels)
+        if not offer.why_not
+        else math.inf
+    )
+    return costs, offer
+
+
+def _host_costs(
+    cluster: Cluster,
+    placement: Placement,
+    pod_gbps: Mapping[tuple[str, str], float] | None,
+    size: float,
+) -> dict[Collective, float]:
+    """Seconds of the algorithms the servers run themselves (no aggregator)."""
     shape = _shape(cluster, placement)
-    split = shape.split
     server = gbps_to_bytes_per_s(cluster.server_gbps)
     ring_b = _per_flow_bps(cluster, shape.ring, pod_gbps)
     inter_b = _per_flow_bps(cluster, shape.inter, pod_gbps)
-    offer = _inc_offer(cluster, job.job_id, shape.sigs, ledger, pod_gbps)
     sizes = shape.sizes
-    costs = {
+    return {
         ALGO_RING: max((ring_time_s(n, size, ring_b) for n in sizes), default=0.0),
         ALGO_TREE: max((tree_time_s(n, size, ring_b) for n in sizes), default=0.0),
         ALGO_HIERARCHICAL_RING: max(
             (
                 hierarchical_ring_time_s(list(parts.values()), size, server, inter_b)
-                for parts in split.values()
+                for parts in shape.split.values()
             ),
             default=0.0,
         ),
-        ALGO_INC: inc_time_s(size, gbps_to_bytes_per_s(offer.rate_gbps), offer.levels)
-        if not offer.why_not
-        else math.inf,
     }
-    return costs, offer
 
 
 def choose_collective(
@@ -540,18 +551,19 @@ def reestimate(
     """The same choice with its time recomputed on the circuits it actually got."""
     if choice.estimated_allreduce_s == 0.0:
         return choice
-    ledger = AggregatorLedger(tuple(g for g in choice.grants))
-    # INC keeps exactly its grants: offer against a ledger holding only them
-    free_ledger = AggregatorLedger(
-        tuple(
-            AggregatorGrant(x, "", aggregator_capacity(cluster, x) - ledger.used_gbps(x))
-            for x in choice.aggregators
+    if not choice.inc:
+        est = _host_costs(cluster, placement, pod_gbps, gradient_bytes(job))[choice.algorithm]
+    else:
+        # INC keeps exactly its grants: offer against a ledger holding only them
+        ledger = AggregatorLedger(tuple(g for g in choice.grants))
+        free_ledger = AggregatorLedger(
+            tuple(
+                AggregatorGrant(x, "", aggregator_capacity(cluster, x) - ledger.used_gbps(x))
+                for x in choice.aggregators
+            )
         )
-    )
-    costs, _ = estimate_costs(
-        cluster, job, placement, free_ledger if choice.inc else ledger, pod_gbps
-    )
-    est = costs[choice.algorithm]
+        costs, _ = estimate_costs(cluster, job, placement, free_ledger, pod_gbps)
+        est = costs[choice.algorithm]
     return CollectiveChoice(
         choice.job_id,
         choice.algorithm,

@@ -381,14 +381,16 @@ def plan_fabric(
     where = port_pods(cluster)
     # what each job holds on working ports between two pods (a failed port drops out)
     held_by: dict[str, list[CrossConnect]] = defaultdict(list)
+    working: list[CrossConnect] = []  # in the OXCs' order, which the result keeps
     for cc in current:
         a = where.get((cc.oxc_id, cc.port_a))
         if a is not None and a != where.get((cc.oxc_id, cc.port_b), a):
             held_by[cc.job_id].append(cc)
+            working.append(cc)
     wanted: dict[str, PodCircuits] = {}
     allocated: dict[str, tuple[tuple[str, str, str, int], ...]] = {}
-    untouched: list[CrossConnect] = []  # kept jobs' cross-connects, as the OXCs hold them
-    untouched_jobs: set[str] = set()
+    allocated_matrix: dict[str, PodCircuits] = {}
+    untouched_jobs: set[str] = set()  # kept jobs whose cross-connects stay as the OXCs hold them
     planned: list[_Draft] = []
     for d in drafts:
         if d.reused is None and d.slice.mode not in (MODE_NONE, MODE_ELECTRICAL):
@@ -399,6 +401,7 @@ def plan_fabric(
                 circuits = pair_circuits(cluster, ja.circuits)
                 plan = evaluate_circuits(_restrict(d.combined), circuits, budget, cluster.nic_gbps)
                 allocated[d.job.job_id] = ja.circuits
+                allocated_matrix[d.job.job_id] = circuits
             else:
                 plan = plan_circuits(_restrict(d.combined), budget, cluster.nic_gbps)
             d.plan = plan
@@ -408,16 +411,18 @@ def plan_fabric(
         if installs and d.reused is not None and held_by.get(job_id):
             # an unchanged allocation keeps exactly the circuits it holds now (its
             # current phase topology included): others' arrivals do not revert it
-            untouched.extend(held_by[job_id])
             untouched_jobs.add(job_id)
         elif installs and job_id in allocated:
             pass  # mapped on the allocated OXCs below
         elif installs and d.plan.circuits.total:
             wanted[job_id] = d.plan.circuits
-    occupied = [(cc.oxc_id, p) for cc in untouched for p in (cc.port_a, cc.port_b)]
+    untouched = [cc for cc in working if cc.job_id in untouched_jobs]
+    occupied = {(cc.oxc_id, p) for cc in untouched for p in (cc.port_a, cc.port_b)}
     exact = map_allocation(
         cluster, allocated, (cc for cc in current if cc.job_id in allocated), occupied
     )
+    for job_id, *_ in exact.unmapped:
+        allocated_matrix.pop(job_id, None)  # its circuits are not all where allocated
     if exact.unmapped:
         # what the allocated OXCs cannot hold (a kept job holds a phase topology
         # there) goes to any OXC with a free port on both pods
@@ -427,7 +432,7 @@ def plan_fabric(
         pods = tuple(p.id for p in cluster.pods)
         for job_id, pairs in missing.items():
             wanted[job_id] = PodCircuits.from_pairs(pods, pairs)
-    occupied += [(cc.oxc_id, p) for cc in exact.cross_connects for p in (cc.port_a, cc.port_b)]
+    occupied.update((cc.oxc_id, p) for cc in exact.cross_connects for p in (cc.port_a, cc.port_b))
     rest = map_cross_connects(
         cluster, wanted, (cc for cc in current if cc.job_id in wanted), occupied
     )
@@ -461,7 +466,9 @@ def plan_fabric(
         if d.reused is not None and (job_id in untouched_jobs or job_id not in lost):
             out.append(d.reused)
             continue
-        real = realised_circuits(cluster, by_job.get(job_id, ()), job_id)
+        real = allocated_matrix.get(job_id)  # mapped exactly as allocated
+        if real is None:
+            real = realised_circuits(cluster, by_job.get(job_id, ()), job_id)
         out.append(_finish(cluster, d, real))
     cross_connects = tuple(sorted(untouched + list(mapping.cross_connects), key=_physical_order))
     mlu = max((j.plan.mlu for j in out if j.slice.mode == MODE_ISOLATED), default=0.0)

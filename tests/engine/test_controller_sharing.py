@@ -16,7 +16,7 @@ from app.engine.controller import (
     new_controller,
     step,
 )
-from app.engine.cross_connects import port_pods
+from app.engine.cross_connects import port_pods, realised_circuits
 from app.engine.fabric import MODE_ISOLATED, MODE_NONE, MODE_TIME_DIVISION
 from app.engine.job import Collective, Job, ModelFacts, Parallelism, Placement, Unit
 
@@ -133,6 +133,8 @@ def test_every_job_is_served_and_no_port_is_used_twice(data: st.DataObject) -> N
         for jf in fabric.jobs:
             if jf.slice.mode == MODE_ISOLATED:
                 assert jf.circuits.total >= 1, jf
+                # a job is evaluated on exactly the circuits its cross-connects make
+                assert jf.circuits == realised_circuits(NARROW, fabric.cross_connects, jf.job_id)
             elif jf.slice.mode == MODE_TIME_DIVISION:
                 assert jf.job_id in fabric.time_division
             else:
