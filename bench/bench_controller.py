@@ -159,18 +159,23 @@ def main() -> int:
     times: dict[str, list[float]] = defaultdict(list)  # wall ms
     cpu_times: dict[str, list[float]] = defaultdict(list)  # this process's CPU ms
 
+    # the fabric process's collector policy (`app.worker.gc_policy`), as in the replay
+    defer_full_collections()
+
     def feed(kind: str, event) -> None:
         nonlocal state
         start, cpu = time.perf_counter(), time.process_time()
         state, decisions = step(state, event)
         times[kind].append((time.perf_counter() - start) * 1000)
         cpu_times[kind].append((time.process_time() - cpu) * 1000)
+        collect_if_due()
         if any(d.kind == "oxc" for d in decisions):
             held = frozenset(cc.key for cc in state.desired)
             start, cpu = time.perf_counter(), time.process_time()
             state, _ = step(state, SwitchConfirmed(held, event.at_s + 0.025))
             times["confirm"].append((time.perf_counter() - start) * 1000)
             cpu_times["confirm"].append((time.process_time() - cpu) * 1000)
+            collect_if_due()
 
     def arrive() -> bool:
         """Place the next job of the mix that fits the free servers (a few tries)."""
