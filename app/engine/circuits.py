@@ -57,10 +57,17 @@ class PodCircuits:
         index = {p: i for i, p in enumerate(pod_ids)}
         rows = [[0] * len(pod_ids) for _ in pod_ids]
         for a, b, n in pairs:
+            if n < 0:
+                raise ValueError("circuit matrix must be symmetric and non-negative")
             if a != b and n:
                 rows[index[a]][index[b]] += n
                 rows[index[b]][index[a]] += n
-        return PodCircuits(tuple(pod_ids), tuple(tuple(r) for r in rows))
+        # square, symmetric, non-negative with a zero diagonal by construction: the
+        # O(pods^2) check of __post_init__ is skipped (every re-plan builds several)
+        built = object.__new__(PodCircuits)
+        object.__setattr__(built, "pod_ids", tuple(pod_ids))
+        object.__setattr__(built, "counts", tuple(tuple(r) for r in rows))
+        return built
 
     def get(self, a: str, b: str) -> int:
         """Circuits between pods `a` and `b` (0 for unknown pods)."""
