@@ -16,6 +16,10 @@ spanning pods): the CPU time of every arrival and completion the simulator feeds
 the controller while at least `--min-running` jobs are running, exactly the
 calls the worker makes (`SimResult.controller_steps`).
 
+Both modes run under the worker's fabric-process collector policy
+(`app.worker.gc_policy`): full garbage collections between steps, never inside
+one, as the fabric process makes them between passes.
+
 Run: .venv/bin/python bench/bench_controller.py [--events N]
      .venv/bin/python bench/bench_controller.py --workload bench/workloads/scatter-1500.jsonl.gz
          [--jobs 800] [--min-running 250]
