@@ -48,8 +48,9 @@ class FabricLoop:
         self.on_fabric_change = on_fabric_change  # new desired state: kick the switches
         # run before each pass of `run` (the worker's thread lets an admission go first)
         self.before_pass: Callable[[threading.Event], None] = lambda stop: None
-        # run after each pass of `run`, told whether nothing waits for the next one (the
-        # fabric process makes its full garbage collections there: `gc_policy`)
+        # run after each pass of `run` (and each tick a standby skips), told whether
+        # nothing waits for the next one (the fabric process makes its full garbage
+        # collections there: `gc_policy`)
         self.after_pass: Callable[[bool], object] = lambda idle: None
         self.replan = threading.Event()
         self._due = threading.Event()
@@ -123,6 +124,7 @@ class FabricLoop:
             self._due.wait(self.tick_s)
             if stop.is_set() or not is_leader():
                 self._due.clear()
+                self.after_pass(True)  # a standby has nothing but idle time
                 continue
             self.before_pass(stop)
             self._due.clear()

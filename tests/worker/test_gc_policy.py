@@ -75,3 +75,22 @@ def test_the_fabric_loop_says_after_each_pass_whether_it_is_idle() -> None:
     runner.start()
     runner.join(timeout=10)
     assert seen == [False, False, True]
+
+
+def test_a_standby_fabric_loop_still_offers_idle_time() -> None:
+    # not leading, it never passes: full collections must not wait for leadership
+    driver = _Driver([False])
+    loop = FabricLoop(driver, WorkerMetrics(), tick_s=0.01, announce=lambda ids: None)  # type: ignore[arg-type]
+    seen: list[bool] = []
+    stop = threading.Event()
+
+    def after(idle: bool) -> None:
+        seen.append(idle)
+        if len(seen) == 2:
+            stop.set()
+
+    loop.after_pass = after
+    runner = threading.Thread(target=loop.run, args=(stop, lambda: False))
+    runner.start()
+    runner.join(timeout=10)
+    assert seen == [True, True] and driver.passes == 0
