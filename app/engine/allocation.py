@@ -678,38 +678,61 @@ def allocate_ports(
                 electrical.append(j)
             else:
                 shared.append(j)
-    pending = [(j, k) for j in shared for k in work[j].bytes]
+    # The pool is ports: each turn rewires them into the circuits its holder needs, so a
+    # sharer is served when the pool's ports can join each of its pairs at once (one
+    # circuit per pair, both ports on one OXC), whichever pool circuits hold them.
+    pending = list(shared)
     while pending:
-        j, (a, b) = pending.pop(0)
-        if j not in shared or _pool_pair(pool, a, b) >= 1:
-            continue
-        got = ports.take(a, b, 1)
-        while not got and not keep_floor:
-            victim = _latest_holding(isolated, circuits, work, a, b)
-            if victim is None:
+        j = pending.pop(0)
+        pairs = list(work[j].bytes)
+        for _ in range(4 * len(pairs) + 4):  # each round adds a port or gives up
+            if j not in shared or (pair := _unhosted(pool, pairs)) is None:
                 break
-            isolated.remove(victim)
-            shared.append(victim)
-            for (o, x, y), n in circuits.pop(victim, {}).items():
-                ports.give(o, x, y, n)
-            work[victim].have = {k: 0 for k in work[victim].bytes}
-            pending.extend((victim, k) for k in work[victim].bytes)
+            a, b = pair
             got = ports.take(a, b, 1)
-        for o, k in got:
-            pool[(o, a, b)] += k
-    # pool circuits no sharer uses any more go back
-    used_pairs = {k for j in shared for k in work[j].bytes}
-    for key in [k for k in pool if (k[1], k[2]) not in used_pairs]:
+            if got:
+                for o, k in got:
+                    pool[(o, a, b)] += k
+                continue
+            victim = None if keep_floor else _latest_holding(isolated, circuits, work, a, b)
+            if victim is not None:
+                # it takes turns from now on, on a pool its own ports join
+                isolated.remove(victim)
+                shared.append(victim)
+                for (o, x, y), n in circuits.pop(victim, {}).items():
+                    pool[(o, x, y)] += n
+                work[victim].have = {k: 0 for k in work[victim].bytes}
+                pending.append(victim)
+                continue
+            hosted = [list(work[x].bytes) for x in shared if x != j]
+            hosted = [h for h in hosted if _unhosted(pool, h) is None]
+            if not _extend_pool(ports, pool, a, b, hosted):
+                break
+    # a sharer whose pods no other sharer touches takes no turns: the pool's ports on
+    # its pods become circuits of its own (a lone sharer, or those a completion left
+    # apart)
+    for j in list(shared):
+        others = {p for x in shared if x != j for p in work[x].pods}
+        if others & work[j].pod_set:
+            continue
+        mine_pool = {k: n for k, n in pool.items() if k[1] not in others and k[2] not in others}
+        assignment = _host_assignment(mine_pool, list(work[j].bytes))
+        if assignment is None:
+            continue
+        shared.remove(j)
+        for key, n in mine_pool.items():
+            ports.give(key[0], key[1], key[2], n)
+            del pool[key]
+        mine = circuits.setdefault(j, {})
+        for o, x, y in assignment:
+            ports.take_at(o, x, y, 1)
+            mine[(o, x, y)] = mine.get((o, x, y), 0) + 1
+            work[j].have[(x, y)] += 1
+        isolated.append(j)
+    # pool circuits on no sharer's pod go back
+    sharer_pods = {p for j in shared for p in work[j].pods}
+    for key in [k for k in pool if k[1] not in sharer_pods and k[2] not in sharer_pods]:
         ports.give(key[0], key[1], key[2], pool.pop(key))
-    if len(shared) == 1 and all(_pool_pair(pool, a, b) for a, b in work[shared[0]].bytes):
-        # a lone sharer holds the pool alone: those circuits become its own
-        only = shared.pop()
-        mine = circuits.setdefault(only, {})
-        for (o, a, b), n in pool.items():
-            mine[(o, a, b)] = mine.get((o, a, b), 0) + n
-            work[only].have[(a, b)] += n
-        pool.clear()
-        isolated.append(only)
 
     # 3. water-filling on estimated slowdown (spare ports are headroom: anyone's
     # circuits, the owner's first, may take them; what is left is spare again below)
@@ -1006,8 +1029,99 @@ def allocate_ports(
     return PortAllocation(tuple(out), pool_out, turn)
 
 
-def _pool_pair(pool: Mapping[tuple[str, str, str], int], a: str, b: str) -> int:
-    return sum(n for (_, x, y), n in pool.items() if (x, y) == (a, b))
+def _extend_pool(
+    ports: _Ports,
+    pool: dict[tuple[str, str, str], int],
+    a: str,
+    b: str,
+    hosted: Sequence[Sequence[tuple[str, str]]],
+) -> bool:
+    """Give the pool a port of a or b on an OXC where the other pod already has a pool
+    port: the free port joins the pool paired with a free port of a third pod there,
+    or, when none is free, in place of the port of a pool circuit that every sharer in
+    `hosted` (their pairs) can do without. False when neither can."""
+    for have, need in ((a, b), (b, a)):
+        f_need = ports.free.get(need)
+        if f_need is None:
+            continue
+        for o, i in ports.index.items():
+            if f_need[i] <= 0 or not any(
+                n > 0 and oo == o and have in (x, y) for (oo, x, y), n in pool.items()
+            ):
+                continue
+            partner = next((p for p, f in ports.free.items() if p != need and f[i] > 0), None)
+            if partner is not None:
+                ports.free[need][i] -= 1
+                ports.free[partner][i] -= 1
+                key = _pool_key(o, need, partner)
+                pool[key] = pool.get(key, 0) + 1
+                return True
+            # no free partner: re-pair a pool circuit on o, its other port going back
+            for (oo, x, y), n in list(pool.items()):
+                if oo != o or n <= 0:
+                    continue
+                for drop, keep in ((x, y), (y, x)):
+                    if keep == need:
+                        continue
+                    new = _pool_key(o, need, keep)
+                    pool[(oo, x, y)] -= 1
+                    pool[new] = pool.get(new, 0) + 1
+                    if all(_unhosted(pool, h) is None for h in hosted):
+                        ports.free[need][i] -= 1
+                        ports.free[drop][i] += 1
+                        for k in [k for k, m in pool.items() if m <= 0]:
+                            del pool[k]
+                        return True
+                    pool[new] -= 1
+                    pool[(oo, x, y)] += 1
+                    if pool[new] <= 0:
+                        del pool[new]
+    return False
+
+
+def _host_assignment(
+    pool: Mapping[tuple[str, str, str], int], pairs: Sequence[tuple[str, str]]
+) -> list[tuple[str, str, str]] | None:
+    """One (oxc, a, b) per pair on the pool's ports at once, or None when the pool
+    cannot join them all."""
+    assignment, missing = _host(pool, pairs)
+    return None if missing else assignment
+
+
+def _unhosted(
+    pool: Mapping[tuple[str, str, str], int], pairs: Sequence[tuple[str, str]]
+) -> tuple[str, str] | None:
+    """The first of a sharer's pairs its turn on the pool could not join (None: all)."""
+    return _host(pool, pairs)[1]
+
+
+def _host(
+    pool: Mapping[tuple[str, str, str], int], pairs: Sequence[tuple[str, str]]
+) -> tuple[list[tuple[str, str, str]], tuple[str, str] | None]:
+    """Greedy: each pair in turn on the OXC with most pool ports free on both its pods;
+    what was placed, and the first pair that found no OXC (None when every pair did)."""
+    room: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    for (o, x, y), n in pool.items():
+        if n > 0:
+            room[o][x] += n
+            room[o][y] += n
+    out: list[tuple[str, str, str]] = []
+    for a, b in pairs:
+        best = max(
+            (o for o, r in room.items() if r[a] > 0 and r[b] > 0),
+            key=lambda o: (min(room[o][a], room[o][b]), o),
+            default=None,
+        )
+        if best is None:
+            return out, (a, b)
+        room[best][a] -= 1
+        room[best][b] -= 1
+        out.append((best, a, b))
+    return out, None
+
+
+def _pool_key(o: str, p: str, q: str) -> tuple[str, str, str]:
+    return (o, p, q) if p < q else (o, q, p)
 
 
 def _take_all(

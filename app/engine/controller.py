@@ -1181,7 +1181,9 @@ def network_view(state: ControllerState, job_id: str) -> NetworkView | None:
     slowdown = round(max(1.0, now / alone), 4) if finite else None
     mode = NETWORK_SHARED if shared else NETWORK_ISOLATED
     if shared:
-        reason = jf.slice.reason + f"; takes turns with {sharers - 1} other job(s)"
+        reason = jf.slice.reason
+        if "takes turns with" not in reason:  # the allocation's reason already says so
+            reason += f"; takes turns with {sharers - 1} other job(s)"
     elif jf.slice.reason.startswith(ISOLATED_REASON) and slowdown is not None:
         # the figure the job's circuits give now (two-hop routes included), not the
         # allocation's direct-circuit estimate: one figure in the view

@@ -12,12 +12,19 @@ from app.engine.controller import (
     Event,
     JobCompleted,
     JobPlaced,
+    Tick,
     network_view,
     new_controller,
     step,
 )
 from app.engine.cross_connects import port_pods, realised_circuits
-from app.engine.fabric import MODE_ISOLATED, MODE_NONE, MODE_TIME_DIVISION
+from app.engine.fabric import (
+    MODE_ISOLATED,
+    MODE_NONE,
+    MODE_TIME_DIVISION,
+    collective_traffic,
+    combined_demand,
+)
 from app.engine.job import Collective, Job, ModelFacts, Parallelism, Placement, Unit
 
 SMALL = preset("small")
@@ -100,6 +107,7 @@ def test_every_job_is_served_and_no_port_is_used_twice(data: st.DataObject) -> N
     state = new_controller(NARROW, CONFIG)
     free = {p.id: [s.id for s in p.servers] for p in NARROW.pods}
     running: dict[str, list[str]] = {}
+    jobs: dict[str, Job] = {}
     t = 0.0
     for k in range(data.draw(st.integers(2, 10))):
         t += 0.1
@@ -121,6 +129,7 @@ def test_every_job_is_served_and_no_port_is_used_twice(data: st.DataObject) -> N
                 continue
             job, placement = _job(f"j{k}", servers)
             running[job.job_id] = servers
+            jobs[job.job_id] = job
             state, decisions = step(state, JobPlaced(job, placement, t))
             assert {d.reason for d in decisions} <= REASONS
         fabric = state.fabric
@@ -137,6 +146,12 @@ def test_every_job_is_served_and_no_port_is_used_twice(data: st.DataObject) -> N
                 assert jf.circuits == realised_circuits(NARROW, fabric.cross_connects, jf.job_id)
             elif jf.slice.mode == MODE_TIME_DIVISION:
                 assert jf.job_id in fabric.time_division
+                # its turn brings a circuit on every pod pair it sends across
+                job = jobs[jf.job_id]
+                sends = combined_demand(
+                    collective_traffic(NARROW, job, jf.placement, jf.collective)
+                )
+                assert all(jf.plan.circuits.get(a, b) >= 1 for a, b, _ in sends.pairs()), jf
             else:
                 assert jf.slice.mode == MODE_NONE
 
@@ -297,3 +312,47 @@ def test_a_kept_cross_connect_does_not_strand_a_sharers_circuit() -> None:
     assert state.fabric.unmapped == ()
     ports = [(cc.oxc_id, p) for cc in state.desired for p in (cc.port_a, cc.port_b)]
     assert len(ports) == len(set(ports))
+
+
+ONE_PORT = build_cluster(
+    "one-port",
+    pods=4,
+    tors_per_pod=2,
+    servers_per_tor=4,
+    uplink_ports_per_pod=1,
+    oxcs=1,
+    oxc_ports=4,
+)
+
+
+def test_turns_on_one_port_per_pod_serve_every_sharer_and_end_when_they_can() -> None:
+    """A job between two pods whose only ports two running jobs hold: the three take
+    turns, each turn joins the ports its holder needs (before, the pool held only the
+    newcomer's circuit, so the others' turns brought nothing); when it completes, the
+    two left on disjoint pods hold their circuits again (before, they kept swapping)."""
+    a = _job("cA", _on(ONE_PORT, [0, 1], 0, 2))
+    b = _job("cB", _on(ONE_PORT, [2, 3], 0, 2))
+    d = _job("cD", _on(ONE_PORT, [1, 3], 2, 2))
+    events: list[Event] = [JobPlaced(*j, at_s=0.1 * k) for k, j in enumerate((a, b, d))]
+    state = _run(new_controller(ONE_PORT, CONFIG), events)
+    assert sorted(state.turn_order) == ["cA", "cB", "cD"]
+    for job_id in state.turn_order:
+        view = network_view(state, job_id)
+        assert view is not None and view.mode == "shared" and view.estimated_slowdown
+        assert view.reason.count("takes turns with") == 1, view.reason
+    wanted = {"cA": ("pod-0", "pod-1"), "cB": ("pod-2", "pod-3"), "cD": ("pod-1", "pod-3")}
+    t, heads = 1.0, set()
+    for _ in range(6):
+        t += 2 * CONFIG.turn_s
+        state, _ = step(state, Tick(t))
+        head = state.turn_order[0]
+        heads.add(head)
+        held = realised_circuits(ONE_PORT, state.desired, head)
+        assert held.get(*wanted[head]) == 1, (head, held.pairs())
+    assert heads == {"cA", "cB", "cD"}
+    state, _ = step(state, JobCompleted("cD", t + 1.0))
+    assert state.turn_order == ()
+    for job_id in ("cA", "cB"):
+        view = network_view(state, job_id)
+        assert view is not None and view.mode == "isolated"
+        assert realised_circuits(ONE_PORT, state.desired, job_id).get(*wanted[job_id]) == 1
