@@ -188,10 +188,19 @@ class ReportIn(StrictModel):
     """One communication phase as the network saw it."""
 
     job_id: str | None = Field(
-        None, pattern=JOB_ID_PATTERN, description="when the network knows it"
+        None,
+        pattern=JOB_ID_PATTERN,
+        description=(
+            "when the network knows it; one naming no placed job is attributed by "
+            "placement, and set aside as a dead letter when no placed job's server is in it"
+        ),
     )
     phase_started_at: Annotated[Number, Field(ge=0)] = Field(
-        description="epoch seconds when the phase's first bytes were seen"
+        description=(
+            "epoch seconds when the phase's first bytes were seen, on the reporter's "
+            "clock; a start later than when Lightpath saw the report is taken as that "
+            "time and never scored a hit"
+        )
     )
     demands: list[DemandIn] = Field(min_length=1, max_length=100_000)
 

@@ -30,6 +30,12 @@ a phase waited on circuits still being switched (start to confirmation). A
 phase that starts while its job's change is unconfirmed is scored when the
 confirmation comes.
 
+Phase starts come from the reporter's clock. A phase reported to start after the
+controller saw it proves that clock runs ahead of ours: its start is taken as
+when it was seen, it is never scored a hit (we cannot tell it started after the
+confirmation), and the job holds its topology (no per-phase rewiring, whose gaps
+would be measured on that clock) until `CLOCK_DISTRUST_S` pass without another.
+
 Pure module: no I/O, no clock (times are arguments), no FastAPI, SQLAlchemy,
 Redis or pydantic imports.
 """
@@ -96,6 +102,9 @@ INSTALLS_KEPT = 16
 MIN_GAIN = 0.01
 # a re-allocation waits at most this long for a job's compute gap
 MAX_DEFER_S = 5.0
+# after a report proves a job's reporter clock ahead of ours, its phase timing is not
+# trusted for rewiring for this long
+CLOCK_DISTRUST_S = 60.0
 
 # the `network.mode` of GET /v1/jobs/{id}
 NETWORK_ISOLATED = "isolated"
@@ -213,6 +222,7 @@ class WaitingPhase:
 
     plan_id: str
     started_at_s: float
+    timed: bool = True  # its start is on our clock (see `_score`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,6 +247,11 @@ class JobCycle:
     # is what it was chosen from (recomputed only when that changes)
     home: str = HELD_PLAN
     home_of: tuple[object, ...] = ()
+    # when (controller time) a report last proved the reporter's clock ahead of ours
+    clock_ahead_at_s: float | None = None
+
+    def clock_trusted(self, now_s: float) -> bool:
+        return self.clock_ahead_at_s is None or now_s - self.clock_ahead_at_s > CLOCK_DISTRUST_S
 
     @property
     def target(self) -> str:
@@ -751,13 +766,16 @@ def _confirmed(state: ControllerState, e: SwitchConfirmed) -> ControllerState:
         )
         cycle = replace(cycle, installs=installs)
         for w in cycle.waiting:
-            cycle = _score(cycle, w.plan_id, w.started_at_s)
+            cycle = _score(cycle, w.plan_id, w.started_at_s, timed=w.timed)
         cycles[job_id] = replace(cycle, waiting=())
     return replace(state, confirmed=e.held, cycles=cycles)
 
 
-def _score(cycle: JobCycle, plan_id: str, started_at_s: float) -> JobCycle:
-    """Score one phase against what the switches held when it started (see module doc)."""
+def _score(cycle: JobCycle, plan_id: str, started_at_s: float, *, timed: bool = True) -> JobCycle:
+    """Score one phase against what the switches held when it started (see module doc).
+
+    `timed`: its start is on our clock; a phase whose start is not (the reporter's
+    clock ran ahead) is never a hit."""
     if plan_id == EMPTY_PLAN_ID:
         return replace(cycle, accounting=cycle.accounting.plus("held"))
     install = None
@@ -769,13 +787,13 @@ def _score(cycle: JobCycle, plan_id: str, started_at_s: float) -> JobCycle:
         # before the job's first change was asked for: what placement left it, kept
         return replace(cycle, accounting=cycle.accounting.plus("held"))
     if install.confirmed_at_s is None:
-        waiting = cycle.waiting + (WaitingPhase(plan_id, started_at_s),)
+        waiting = cycle.waiting + (WaitingPhase(plan_id, started_at_s, timed),)
         return replace(cycle, waiting=waiting)
     if install.confirmed_at_s > started_at_s:
         exposed = install.confirmed_at_s - max(started_at_s, install.requested_at_s)
         return replace(cycle, accounting=cycle.accounting.plus("miss", exposed))
     if install.target == plan_id:
-        return replace(cycle, accounting=cycle.accounting.plus("hit"))
+        return replace(cycle, accounting=cycle.accounting.plus("hit" if timed else "miss"))
     if install.target in (HELD_PLAN, cycle.home):
         return replace(cycle, accounting=cycle.accounting.plus("held"))
     return replace(cycle, accounting=cycle.accounting.plus("miss"))
@@ -795,9 +813,13 @@ def _observed(
     cycle = replace(cycle, catalog=catalog, last_plan=plan_id)
     if plan_id not in cycle.demands:
         cycle = _learn_plan(state.cluster, jf, cycle, plan_id, e.demand)
-    cycle = _score(cycle, plan_id, e.started_at_s)
+    started = e.started_at_s
+    if started > e.at_s:  # reported to start after we saw it: the reporter's clock is ahead
+        started = e.at_s
+        cycle = replace(cycle, clock_ahead_at_s=e.at_s)
+    cycle = _score(cycle, plan_id, started, timed=started == e.started_at_s)
     predictor, outcome = step_predictor(cycle.predictor, plan_id)
-    arrivals = (cycle.arrivals + (e.started_at_s,))[-ARRIVALS_KEPT:]
+    arrivals = (cycle.arrivals + (started,))[-ARRIVALS_KEPT:]
     ends = (cycle.ends + (e.at_s,))[-ARRIVALS_KEPT:]
     confirmed = cycle.confirmed_period or (outcome.hit and predictor.period is not None)
     cycle = replace(
@@ -866,6 +888,8 @@ def _next_target(
     home = cycle.home
     if predictor.period is None or nxt is None or not cycle.confirmed_period:
         return HELD_PLAN, None
+    if not cycle.clock_trusted(now_s):
+        return HELD_PLAN, None  # gaps measured on a clock running ahead: hold
     wanted = nxt if nxt != home and cycle.gains.get(nxt, 0.0) > MIN_GAIN else None
     if nxt == home:
         wanted = home

@@ -89,3 +89,39 @@ def test_a_report_the_engine_cannot_use_is_set_aside_and_the_cursor_moves_on(
         r = c.post("/v1/jobs", json={"job_id": "after", "parallelism": {"dp": 2, "pp": 1}})
         assert r.status_code == 201, r.text
         assert time.monotonic() - start < 2.5
+
+
+def test_a_report_naming_a_job_not_placed_is_attributed_or_set_aside(server: LiveServer) -> None:
+    """Before, a report naming an unknown or ended job was accepted and dropped unseen."""
+    with server.client() as c:
+        job = c.post("/v1/jobs", json={"job_id": "live", "parallelism": {"dp": 8, "pp": 2}}).json()
+        a, b = _servers_by_pod(job)
+        t = time.time()
+        on_live = {"src": a, "dst": b, "bytes": 1e9}
+        reports = [
+            # names a job that does not exist, on the live job's servers: the live job's
+            {"job_id": "ghost", "phase_started_at": t, "demands": [on_live]},
+            # names a job that does not exist, between servers nobody holds: set aside
+            {"job_id": "ghost", "phase_started_at": t + 1, "demands": [_idle_pair(c, job)]},
+        ]
+        assert c.post("/v1/traffic", json={"reports": reports}).status_code == 202
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not (
+            _counted(c, "live") >= 1 and c.get("/v1/traffic/dead-letters").json()["dead_letters"]
+        ):
+            time.sleep(0.1)
+        assert _counted(c, "live") == 1
+        letters = c.get("/v1/traffic/dead-letters").json()["dead_letters"]
+        assert [(d["job_id"], "not placed" in d["reason"]) for d in letters] == [("ghost", True)]
+
+
+def _idle_pair(c: Any, job: dict[str, Any]) -> dict[str, Any]:
+    """Two servers in different pods that no job holds."""
+    held = {u["server"] for u in job["placement"]["units"]}
+    cluster = c.get("/v1/cluster").json()
+    by_pod = [
+        [s["id"] for t in p["tors"] for s in t["servers"] if s["id"] not in held]
+        for p in cluster["pods"]
+    ]
+    free = [ids[0] for ids in by_pod if ids]
+    return {"src": free[0], "dst": free[-1], "bytes": 1e9}

@@ -92,6 +92,24 @@ def test_long_gaps_rewire_per_phase_with_hits_and_nothing_exposed() -> None:
     assert any(d.kind == "oxc" for d in rewired) and any(d.kind == "routing" for d in rewired)
 
 
+def test_a_reporter_clock_ahead_of_ours_earns_no_hit_and_no_rewiring() -> None:
+    """The same long gaps, reported by a collector whose clock runs 0.1 s ahead: each
+    phase is seen before its reported start. Before, its starts were taken at face
+    value, so switch confirmations (on our clock) looked earlier than the phases and
+    every rewiring counted as a hit. Now the job holds and nothing is a hit."""
+    pj = cross_job("a")
+    skewed = [
+        PhaseObserved(e.job_id, e.demand, e.started_at_s + 0.1, e.at_s)
+        for e in phases("a", 1.0, 0.5, 30)
+        if isinstance(e, PhaseObserved)
+    ]
+    result = replay_trace(SMALL, CONFIG, [placed(pj), *skewed])
+    acc = result.accounting("a")
+    assert acc.hits == 0
+    assert acc.hits + acc.held + acc.misses == 30
+    assert not [d for _, d in result.decisions if d.reason == "prediction" and d.kind == "oxc"]
+
+
 def test_idle_phases_cost_no_rewiring() -> None:
     pj = cross_job("a")
     idle = DemandMatrix.from_pairs(())
