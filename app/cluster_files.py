@@ -20,7 +20,14 @@ class ConfigError(Exception):
 def with_reconfig_ms(cluster: Cluster, reconfig_ms: float) -> Cluster:
     """The same cluster with every OXC switching in `reconfig_ms`."""
     oxcs = tuple(dataclasses.replace(o, reconfig_ms=reconfig_ms) for o in cluster.oxcs)
-    return Cluster(cluster.name, cluster.gpus_per_server, cluster.nic_gbps, cluster.pods, oxcs)
+    return Cluster(
+        cluster.name,
+        cluster.gpus_per_server,
+        cluster.nic_gbps,
+        cluster.pods,
+        oxcs,
+        gpu_model=cluster.gpu_model,
+    )
 
 
 def load_cluster(name_or_file: str, reconfig_ms: float | None = None) -> Cluster:

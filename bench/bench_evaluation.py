@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -215,8 +216,8 @@ def plot(fam: dict[str, Any], path: Path) -> None:
         style = "--" if policy in ELECTRICAL else "-"
         a.errorbar(
             latencies,
-            [u["mean"] * 100 for u in util],
-            yerr=[u["ci95"] * 100 for u in util],
+            [u["mean"] * 100 if u["values"] else math.nan for u in util],
+            yerr=[u["ci95"] * 100 if u["values"] else 0.0 for u in util],
             label=policy,
             capsize=3,
             linestyle=style,
@@ -224,8 +225,8 @@ def plot(fam: dict[str, Any], path: Path) -> None:
         )
         b.errorbar(
             latencies,
-            [s["mean"] for s in slow],
-            yerr=[s["ci95"] for s in slow],
+            [s["mean"] if s["values"] else math.nan for s in slow],
+            yerr=[s["ci95"] if s["values"] else 0.0 for s in slow],
             label=policy,
             capsize=3,
             linestyle=style,

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -150,8 +151,9 @@ def plot(rows: list[dict[str, Any]], title: str, path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(10, 4.5))
     names = [r["policy"] for r in rows]
-    means = [r["steady_utilization"]["mean"] * 100 for r in rows]
-    errs = [r["steady_utilization"]["ci95"] * 100 for r in rows]
+    util = [r["steady_utilization"] for r in rows]
+    means = [u["mean"] * 100 if u["values"] else math.nan for u in util]
+    errs = [u["ci95"] * 100 if u["values"] else 0.0 for u in util]
     colours = ["tab:gray" if n in ELECTRICAL else "tab:blue" for n in names]
     ax.barh(names, means, xerr=errs, color=colours, capsize=3)
     lo = min(m - e for m, e in zip(means, errs, strict=True))

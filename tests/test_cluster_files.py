@@ -92,10 +92,13 @@ def test_reconfig_ms_overrides_a_cluster_file_only_when_given(tmp_path: Path) ->
     data = cluster_to_dict(preset("small"))
     for oxc in data["oxcs"]:
         oxc["reconfig_ms"] = 7.0
+    data["gpu_model"] = "b200"
     path = tmp_path / "fabric.json"
     path.write_text(json.dumps(data))
     assert {o.reconfig_ms for o in load_cluster(str(path)).oxcs} == {7.0}
     assert {o.reconfig_ms for o in load_cluster(str(path), 40.0).oxcs} == {40.0}
+    # the override changes the switches only (it dropped the file's GPU model to a100)
+    assert load_cluster(str(path), 40.0).gpu_model == "b200"
     assert load_cluster(str(path), 40.0).server_ids == preset("small").server_ids
     assert load_cluster("small", 3.0).reconfig_ms == 3.0
     with pytest.raises(ConfigError, match=">= 0"):

@@ -62,10 +62,10 @@ SAME_COST_CAPACITY = 0.7
 
 
 def clos_shape(cluster: Cluster, spines: int = DEFAULT_SPINES, capacity: float = 1.0) -> ClosShape:
-    """The Clos with the cluster's pod uplinks (times `capacity`) over `spines` spines per pod."""
-    return ClosShape(
-        spines, {p.id: max(spines, round(p.uplink_ports * capacity)) for p in cluster.pods}
-    )
+    """The Clos with the cluster's pod uplinks (times `capacity`) over `spines` spines per pod
+    (fewer where a pod has fewer core links than that: every spine has one)."""
+    uplinks = {p.id: max(1, round(p.uplink_ports * capacity)) for p in cluster.pods}
+    return ClosShape(max(1, min(spines, *uplinks.values())), uplinks)
 
 
 def _hash(seed: int, stage: int, src: str, dst: str, sport: int, correlated: bool) -> int:

@@ -235,8 +235,19 @@ def print_table(summaries: Sequence[dict[str, Any]], console: Console | None = N
 
 
 def write_json(path: Path, data: Any) -> None:
+    """Strict JSON: a figure that is not finite (an MLU over no capacity) is null."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n")
+    path.write_text(json.dumps(_finite(data), indent=2, sort_keys=False, allow_nan=False) + "\n")
+
+
+def _finite(data: Any) -> Any:
+    if isinstance(data, float):
+        return data if math.isfinite(data) else None
+    if isinstance(data, dict):
+        return {k: _finite(v) for k, v in data.items()}
+    if isinstance(data, list | tuple):
+        return [_finite(v) for v in data]
+    return data
 
 
 def utilisation_timeline(result: SimResult, points: int = 400) -> tuple[list[float], list[float]]:
@@ -380,7 +391,7 @@ def aggregate(per_seed: Sequence[dict[str, Any]]) -> dict[str, Any]:
         if value is not None and not isinstance(value, (int, float)):
             continue
         values = [float(s[key]) for s in per_seed if isinstance(s.get(key), (int, float))]
-        mean, half = mean_ci95(values)
+        mean, half = mean_ci95(values) if values else (None, None)  # undefined: null
         out[key] = {"mean": mean, "ci95": half, "values": values}
     return out
 
@@ -499,8 +510,10 @@ def write_error_bar_plot(aggregates: Sequence[dict[str, Any]], path: Path, title
     a.set_ylabel("steady utilisation % (95% CI)")
     a.tick_params(axis="x", rotation=30)
     slow = [x["mean_iteration_slowdown"] for x in aggregates]
+    slow = [s if s["values"] else {"mean": math.nan, "ci95": 0.0} for s in slow]
     b.bar(names, [s["mean"] for s in slow], yerr=[s["ci95"] for s in slow], capsize=4)
-    b.set_ylim(0.95, max(1.05, max((s["mean"] + s["ci95"]) for s in slow) + 0.02))
+    top = max((s["mean"] + s["ci95"] for s in slow if s["mean"] == s["mean"]), default=1.0)
+    b.set_ylim(0.95, max(1.05, top + 0.02))
     b.set_ylabel("mean iteration slowdown (95% CI)")
     b.tick_params(axis="x", rotation=30)
     fig.suptitle(title + ("  (* coincides with an earlier policy)" if same else ""))

@@ -372,3 +372,51 @@ def test_lightpath_holds_small_jobs_back_from_scattering_over_pods_short_of_upli
     steady_held = summarize(held)["steady_utilization"]
     steady_free = summarize(free)["steady_utilization"]
     assert steady_held > steady_free + 0.02, (steady_held, steady_free)
+
+
+def test_a_clos_over_few_uplinks_gets_those_uplinks_not_eight() -> None:
+    """Before, every pod's core got at least 8 NIC-rate links (one per spine), so on a
+    fabric with 2 uplinks per pod the electrical baselines had 4x the optical capacity."""
+    from app.engine.cluster import build_cluster
+    from app.sim.ecmp import SAME_COST_CAPACITY, clos_shape
+
+    thin = build_cluster(
+        "thin",
+        pods=2,
+        tors_per_pod=1,
+        servers_per_tor=4,
+        uplink_ports_per_pod=2,
+        oxcs=1,
+        oxc_ports=4,
+    )
+    assert clos_shape(thin).uplinks == {"pod-0": 2, "pod-1": 2}
+    assert clos_shape(thin, capacity=SAME_COST_CAPACITY).uplinks == {"pod-0": 1, "pod-1": 1}
+    assert clos_shape(thin).spines == 2
+    # a ring over both pods' 8 servers: more than 2 links carry at NIC rate
+    job = Job(
+        "span",
+        Parallelism(dp=8, pp=1),
+        ModelFacts(parameters=7e9, bytes_per_parameter=4, activation_bytes=2e7, microbatches=4),
+        ComputeTimes(0.001, 0.002, 0.001),
+    )
+    run = simulate(thin, [WorkloadJob(job, 0.0, 20)], "spray")
+    assert run.jobs[0].slowdown is not None and run.jobs[0].slowdown > 1.05
+
+
+def test_result_files_are_strict_json_with_undefined_figures_null(tmp_path: Path) -> None:
+    """Before, an MLU over no capacity was written as a bare `Infinity` (which strict
+    parsers refuse), and a figure no seed had (no steady window) as a mean of 0."""
+    from app.sim.report import aggregate, write_json
+
+    seeds = [
+        {"policy": "static", "max_mlu": math.inf, "steady_utilization": None, "jobs": 3},
+        {"policy": "static", "max_mlu": 2.0, "steady_utilization": None, "jobs": 3},
+    ]
+    path = tmp_path / "comparison.json"
+    write_json(path, {"seeds": [aggregate(seeds)], "first": seeds[0]})
+    text = path.read_text()
+    data = json.loads(text, parse_constant=lambda c: pytest.fail(f"non-standard {c}"))
+    assert data["first"]["max_mlu"] is None
+    agg = data["seeds"][0]
+    assert agg["steady_utilization"] == {"mean": None, "ci95": None, "values": []}
+    assert agg["max_mlu"]["mean"] is None and agg["jobs"]["mean"] == 3.0
