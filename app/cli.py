@@ -246,6 +246,7 @@ def simulate(
     """Replay a workload through the engine on simulated time."""
     from app.logs import configure_logging
 
+    settings = _settings(None)  # the service's admission settings apply here too
     configure_logging("WARNING")
     if (policy is None) == (compare is None):
         typer.echo("error: give exactly one of --policy or --compare", err=True)
@@ -257,7 +258,18 @@ def simulate(
     from app.sim.commands import run_simulate
 
     raise typer.Exit(
-        run_simulate(cluster, workload, policies, out, seed, reconfig_ms, seeds=seeds, gpu=gpu)
+        run_simulate(
+            cluster,
+            workload,
+            policies,
+            out,
+            seed,
+            reconfig_ms,
+            seeds=seeds,
+            gpu=gpu,
+            gpu_memory_bytes=settings.gpu_memory_bytes,
+            default_zero_stage=settings.default_zero_stage,
+        )
     )
 
 

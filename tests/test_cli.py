@@ -251,3 +251,29 @@ def test_a_job_id_no_route_can_address_is_an_error_line(live: LiveServer) -> Non
             code, _, err = lp(live, command, bad)
             assert code == 1 and err.startswith("error: ") and "is not a job id" in err, err
             assert "Traceback" not in err
+
+
+def test_simulate_admits_with_the_services_memory_settings(tmp_path: Path) -> None:
+    """A 175B job that fits 80 GiB only under ZeRO-3: the service admits it when
+    LIGHTPATH_DEFAULT_ZERO_STAGE=3, and so must `simulate` (it ignored the setting)."""
+    line = {
+        "job_id": "z",
+        "parallelism": {"dp": 16, "pp": 1},
+        "model": {"parameters": 175e9, "bytes_per_parameter": 2},
+        "arrival_s": 0.0,
+        "iterations": 2,
+    }
+    workload = tmp_path / "w.jsonl"
+    workload.write_text(json.dumps(line) + "\n")
+    refused = {}
+    for stage in ("1", "3"):
+        out = tmp_path / f"out-{stage}"
+        env = {**os.environ, "LIGHTPATH_DEFAULT_ZERO_STAGE": stage}
+        done = subprocess.run(
+            [sys.executable, "-m", "app.cli", "simulate", "--cluster", "small", "--workload",
+             str(workload), "--policy", "ideal", "--out", str(out)],
+            capture_output=True, text=True, timeout=120, env=env,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        refused[stage] = json.loads((out / "summary.json").read_text())["jobs_refused"]
+    assert refused == {"1": 1, "3": 0}

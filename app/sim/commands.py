@@ -22,6 +22,7 @@ from rich.progress import (
 )
 
 from app.engine.gpu_profiles import gpu_profile
+from app.engine.memory import DEFAULT_ZERO_STAGE
 
 from .families import FAMILY_GPU, generate, jitter
 from .policies import POLICIES
@@ -60,8 +61,14 @@ def run_simulate(
     reconfig_ms: float | None,
     seeds: int = 1,
     gpu: str | None = None,
+    gpu_memory_bytes: float | None = None,
+    default_zero_stage: int = DEFAULT_ZERO_STAGE,
 ) -> int:
     """Simulate each policy over the workload; print the table; write JSON and plots to out_dir.
+
+    `gpu_memory_bytes` and `default_zero_stage` are the service's admission settings
+    (LIGHTPATH_GPU_MEMORY_BYTES, LIGHTPATH_DEFAULT_ZERO_STAGE): the simulation admits
+    what the service configured the same way admits.
 
     One policy writes `summary.json`; several (`--compare`) write `comparison.json`,
     `summary_<policy>.json` each and `comparison.png`. Both write `jobs.json` (every
@@ -134,6 +141,8 @@ def run_simulate(
                         reconfig_ms=reconfig_ms,
                         progress=advance,
                         gpu=gpu,
+                        gpu_memory_bytes=gpu_memory_bytes,
+                        default_zero_stage=default_zero_stage,
                     )
                 )
             progress.update(task, completed=len(workload) * seeds)

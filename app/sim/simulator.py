@@ -48,7 +48,7 @@ from app.engine.controller import (
 from app.engine.controller import step as control
 from app.engine.gpu_profiles import gpu_profile
 from app.engine.job import Job, Placement
-from app.engine.memory import check_job_memory
+from app.engine.memory import DEFAULT_ZERO_STAGE, check_job_memory
 from app.engine.placement import OPTICAL_EXTRA_PODS, never_fits, place_job
 from app.engine.predictor import DEFAULT_ALGORITHM
 from app.engine.queue import QueuePolicy, admit_queued
@@ -189,6 +189,8 @@ class Simulation:
         gpu: str | None = None,
         max_extra_pods: int | None = OPTICAL_EXTRA_PODS,
         between_steps: Callable[[], object] | None = None,
+        gpu_memory_bytes: float | None = None,
+        default_zero_stage: int = DEFAULT_ZERO_STAGE,
     ) -> None:
         self.cluster = cluster
         # run after every controller step, outside its timing: what the worker's fabric
@@ -196,7 +198,9 @@ class Simulation:
         self.between_steps = between_steps
         self.max_extra_pods = max_extra_pods  # lightpath's placement (`place_job`)
         self.gpu = gpu or cluster.gpu_model
-        self.gpu_memory_bytes = gpu_profile(self.gpu).memory_bytes
+        # the service's admission settings (LIGHTPATH_GPU_MEMORY_BYTES, _DEFAULT_ZERO_STAGE)
+        self.gpu_memory_bytes = gpu_memory_bytes or gpu_profile(self.gpu).memory_bytes
+        self.default_zero_stage = default_zero_stage
         self.workload = list(workload)
         self.spec = spec_of(policy)
         self.reconfig_ms = cluster.reconfig_ms if reconfig_ms is None else reconfig_ms
@@ -289,7 +293,12 @@ class Simulation:
         # fit GPU memory (a 422 there: the job never runs)
         reasons = never_fits(self.cluster, job)
         if not reasons:
-            memory = check_job_memory(job, self.gpu_memory_bytes, tp=self.cluster.gpus_per_server)
+            memory = check_job_memory(
+                job,
+                self.gpu_memory_bytes,
+                tp=self.cluster.gpus_per_server,
+                zero_stage=self.default_zero_stage,
+            )
             if memory is not None and not memory.fits:
                 reasons = memory.reasons
         if reasons:
@@ -639,6 +648,8 @@ def simulate(
     gpu: str | None = None,
     max_extra_pods: int | None = OPTICAL_EXTRA_PODS,
     between_steps: Callable[[], object] | None = None,
+    gpu_memory_bytes: float | None = None,
+    default_zero_stage: int = DEFAULT_ZERO_STAGE,
 ) -> SimResult:
     """Run one policy over a workload; see `Simulation`."""
     return Simulation(
@@ -652,6 +663,8 @@ def simulate(
         gpu=gpu,
         max_extra_pods=max_extra_pods,
         between_steps=between_steps,
+        gpu_memory_bytes=gpu_memory_bytes,
+        default_zero_stage=default_zero_stage,
     ).run()
 
 
