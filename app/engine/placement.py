@@ -53,7 +53,12 @@ from .traffic import ALGO_INC, ALGO_RING, ALGO_TREE, resolve_facts
 NEVER_TOO_MANY_SERVERS = "needs more servers than the cluster has"
 NEVER_EP_WIDER_THAN_POD = "an EP group needs more servers than any pod holds"
 NEVER_TOO_MANY_EP_GROUPS = "the cluster's pods cannot hold that many EP groups at once"
+NEVER_TOO_FEW_UPLINKS = "the pods it must span have too few uplinks to join them with circuits"
 NOT_NOW_BUSY = "not enough free servers for whole EP groups inside pods right now"
+NOT_NOW_UPLINKS = (
+    "the free servers are on pods with too few uplinks for one circuit per pod pair it "
+    "crosses; waits for a layout whose pods have them"
+)
 NOT_NOW_SPREAD = (
     "the free servers would spread it over more pods than it needs, where uplinks are "
     "taken; waits for a compact layout"
@@ -115,6 +120,15 @@ def never_fits(cluster: Cluster, job: Job) -> tuple[str, ...]:
         reasons.append(f"{NEVER_EP_WIDER_THAN_POD}: ep={par.ep} > {widest}")
     elif par.dp * par.pp > sum(len(p.servers) // par.ep for p in cluster.pods):
         reasons.append(NEVER_TOO_MANY_EP_GROUPS)
+    else:
+        # k pods joined by circuits: each needs an uplink, and a connected graph over
+        # them has at least k - 1 edges, two port ends each (the k best-wired pods)
+        k = fewest_pods(cluster, job)
+        ports = sorted((p.uplink_ports for p in cluster.pods), reverse=True)[:k]
+        if k > 1 and (min(ports) < 1 or sum(ports) < 2 * (k - 1)):
+            reasons.append(
+                f"{NEVER_TOO_FEW_UPLINKS}: {k} pods, with {', '.join(map(str, ports))} uplinks"
+            )
     return tuple(reasons)
 
 
@@ -194,6 +208,14 @@ def place_job(
         key=lambda c: (c[0].total_s > fastest * 1.001, _straddling(tor_of, c[1]), c[2]),
     )
     best = (chosen[0], chosen[1])
+    if pods > 1 and _uplinks_short(cluster, job, best[1]):
+        # a layout some pod of which could not join all its pairs even with every port
+        # would leave the job unserved: another order of the same servers, or wait
+        by_speed = sorted(scored, key=lambda c: (c[0].total_s, c[2]))
+        servable = [c for c in by_speed if not _uplinks_short(cluster, job, c[1])]
+        if not servable:
+            return Unplaceable(job.job_id, (NOT_NOW_UPLINKS,))
+        best = (servable[0][0], servable[0][1])
     if (  # cheapest tests first: most placements span one pod and stop at the second
         max_extra_pods is not None
         and pods > 1 + max_extra_pods
@@ -207,6 +229,17 @@ def place_job(
     if any(not s.tor_id for s in slots):
         reason += "; " + EP_SPANS_TORS
     return Placement(job.job_id, tuple(best[1]), reason=reason)
+
+
+def _uplinks_short(cluster: Cluster, job: Job, units: Sequence[Unit]) -> bool:
+    """Some pod of the layout has fewer uplinks (all of them) than the pod pairs it
+    crosses: it could never hold one circuit per pair, even taking turns."""
+    demand = job_demand(cluster, job, Placement(job.job_id, tuple(units)))
+    degree: dict[str, int] = {}
+    for a, b, _ in demand.pair_bytes:
+        degree[a] = degree.get(a, 0) + 1
+        degree[b] = degree.get(b, 0) + 1
+    return any(cluster.pods_by_id[p].uplink_ports < n for p, n in degree.items())
 
 
 def _ports_short(

@@ -11,6 +11,7 @@ from app.engine.allocation import job_demand
 from app.engine.cluster import Cluster, build_cluster, preset
 from app.engine.job import Collective, Job, ModelFacts, Parallelism, Placement, Unplaceable
 from app.engine.placement import (
+    NEVER_TOO_FEW_UPLINKS,
     NOT_NOW_BUSY,
     NOT_NOW_SPREAD,
     _free_servers,
@@ -479,3 +480,30 @@ def test_free_servers_are_the_same_visited_by_server_or_by_fabric(data: st.DataO
     if not never_fits(cluster, job):
         result = place_job(cluster, free, job)
         assert isinstance(result, Unplaceable) and result.reasons == (NOT_NOW_BUSY,)
+
+
+STARVED = build_cluster(
+    "starved",
+    pods=6,
+    tors_per_pod=1,
+    servers_per_tor=3,
+    uplink_ports_per_pod=1,
+    oxcs=1,
+    oxc_ports=6,
+)
+
+
+def test_a_job_whose_pods_cannot_be_joined_by_circuits_never_fits() -> None:
+    """Three-server pods with one uplink each: a 7-server job spans 3 pods, which one
+    port each cannot join (a connected graph over 3 pods needs 4 port ends). Before,
+    it was placed and never served; now it is refused as never fitting."""
+    wide = Job("wide", Parallelism(dp=7, pp=1), FACTS)
+    reasons = never_fits(STARVED, wide)
+    assert reasons and reasons[0].startswith(NEVER_TOO_FEW_UPLINKS), reasons
+    result = place_job(STARVED, set(STARVED.server_ids), wide)
+    assert isinstance(result, Unplaceable) and result.never_fits
+    # two pods need one circuit: that still fits
+    pair = Job("pair", Parallelism(dp=5, pp=1), FACTS)
+    assert never_fits(STARVED, pair) == ()
+    placed = place_job(STARVED, set(STARVED.server_ids), pair)
+    assert isinstance(placed, Placement)
