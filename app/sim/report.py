@@ -140,6 +140,9 @@ def summarize(result: SimResult) -> dict[str, Any]:
             sum(shares) / len(shares) if (shares := [_share(j) for j in done]) else 0.0
         ),
         "jobs_stalled": sum(1 for j in result.jobs if j.stalled),
+        # admitted but still queued when the run ended (behind a job that never ends):
+        # completed + refused + stalled + never_started + the rest = every job
+        "jobs_never_started": sum(1 for j in result.jobs if j.start_s is None and not j.refused),
         # jobs that ran part of their life taking turns on shared ports, or on the
         # electrical core (optical policies; what the controller did, not believed)
         "jobs_shared": sum(1 for j in result.jobs if "time_division" in j.modes),
@@ -460,7 +463,7 @@ def evaluation_table(aggregates: Sequence[dict[str, Any]], title: str) -> Table:
         "network %",
         "mean JCT",
         "queueing",
-        "done/refused/stalled",
+        "done/refused/stalled/unstarted",
         "exposed reconfig",
     ):
         table.add_column(name, justify="left" if name == "policy" else "right", no_wrap=True)
@@ -468,7 +471,7 @@ def evaluation_table(aggregates: Sequence[dict[str, Any]], title: str) -> Table:
         label = a["policy"] + (f" (= {same[a['policy']]})" if a["policy"] in same else "")
         counts = "/".join(
             str(round(a[k]["mean"]))
-            for k in ("jobs_completed", "jobs_refused", "jobs_stalled")
+            for k in ("jobs_completed", "jobs_refused", "jobs_stalled", "jobs_never_started")
             if isinstance(a.get(k), dict)
         )
         table.add_row(

@@ -420,3 +420,17 @@ def test_result_files_are_strict_json_with_undefined_figures_null(tmp_path: Path
     agg = data["seeds"][0]
     assert agg["steady_utilization"] == {"mean": None, "ci95": None, "values": []}
     assert agg["max_mlu"]["mean"] is None and agg["jobs"]["mean"] == 3.0
+
+
+def test_jobs_left_queued_at_the_end_are_counted() -> None:
+    """Before, a job still queued when the run ended (behind one that never ends) was
+    in no count: done/refused/stalled summed to fewer than the jobs."""
+    jobs = [
+        JobResult("done", 8, 0.0, 10, start_s=0.0, end_s=5.0, ideal_iteration_s=0.5),
+        JobResult("stuck", 8, 0.0, 10, start_s=0.0, stalled="no circuit carries its traffic"),
+        JobResult("behind", 8, 1.0, 10),
+        JobResult("too-big", 8, 2.0, 10, refused="needs more servers than the cluster has"),
+    ]
+    s = summarize(SimResult("static", 16, jobs, [], 0.0))
+    counts = [s[k] for k in ("jobs_completed", "jobs_refused", "jobs_stalled")]
+    assert counts == [1, 1, 1] and s["jobs_never_started"] == 1
