@@ -275,5 +275,7 @@ def test_simulate_admits_with_the_services_memory_settings(tmp_path: Path) -> No
             capture_output=True, text=True, timeout=120, env=env,
         )  # fmt: skip
         assert done.returncode == 0, done.stderr
+        # stderr is not a terminal here: progress comes as plain lines
+        assert "ideal: seed 1/1: 1/1 jobs done" in done.stderr
         refused[stage] = json.loads((out / "summary.json").read_text())["jobs_refused"]
     assert refused == {"1": 1, "3": 0}

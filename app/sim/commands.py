@@ -124,13 +124,23 @@ def run_simulate(
         console=err,
         transient=False,
     ) as progress:
+        # no live bar off a terminal (a log file, CI): a line every tenth of the jobs
+        plain = not err.is_terminal
         for policy in policies:
             task = progress.add_task(f"{policy:>14}", total=len(workload) * seeds)
             for k in range(seeds):
                 base = k * len(workload)
 
-                def advance(done: int, total: int, task: TaskID = task, base: int = base) -> None:
+                def advance(
+                    done: int,
+                    total: int,
+                    task: TaskID = task,
+                    base: int = base,
+                    label: str = f"{policy}: seed {k + 1}/{seeds}",
+                ) -> None:
                     progress.update(task, completed=base + done)
+                    if plain and done % max(1, total // 10) == 0:
+                        err.print(f"{label}: {done}/{total} jobs done")
 
                 runs[policy].append(
                     simulate(
