@@ -564,6 +564,11 @@ def reestimate(
         )
         costs, _ = estimate_costs(cluster, job, placement, free_ledger, pod_gbps)
         est = costs[choice.algorithm]
+    reason = choice.reason.split(ON_CIRCUITS)[0]
+    chosen_at = dict(choice.costs).get(choice.algorithm, est)  # its NIC-rate estimate
+    if not math.isclose(est, chosen_at, rel_tol=1e-3):
+        # the choice compared estimates at NIC rate; say what its circuits give
+        reason += f"{ON_CIRCUITS}{est:.4g}s"
     return CollectiveChoice(
         choice.job_id,
         choice.algorithm,
@@ -571,10 +576,13 @@ def reestimate(
         choice.aggregators,
         choice.grants,
         est,
-        choice.reason,
+        reason,
         choice.costs,
         choice.root_tors,
     )
+
+
+ON_CIRCUITS = "; on the circuits it got: "
 
 
 def choose_iteration_collective(

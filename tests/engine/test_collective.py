@@ -425,3 +425,23 @@ def test_estimate_costs_agrees_with_the_plain_group_by_group_version(data: st.Da
     assert (offer.levels, offer.root_tors) == (levels, roots)
     if math.isfinite(expected["inc"]):
         assert offer.rate_gbps == rate
+
+
+def test_a_reestimate_on_slower_circuits_says_so_in_the_reason() -> None:
+    """The choice compares estimates at NIC rate; on the circuits a job got its time is
+    longer. Before, the reason kept saying "ring 0.06s is cheapest" beside an estimate
+    of 0.24 s; now it states both, once, however often it is re-estimated."""
+    from app.engine.collective import ON_CIRCUITS, reestimate
+
+    servers = [s.id for p in _THREE_BY_THREE.pods[:2] for t in p.tors[:1] for s in t.servers[:2]]
+    job, placement = _job(4, collective=Collective.RING), _placement(servers)
+    choice = choose_collective(_THREE_BY_THREE, job, placement, AggregatorLedger())
+    slow = {("pod-0", "pod-1"): 50.0}  # one 50 Gb/s circuit between the two pods
+    again = reestimate(choice, _THREE_BY_THREE, job, placement, slow)
+    assert again.estimated_allreduce_s > choice.estimated_allreduce_s
+    assert again.reason.startswith(choice.reason)
+    assert again.reason.endswith(f"{ON_CIRCUITS}{again.estimated_allreduce_s:.4g}s")
+    twice = reestimate(again, _THREE_BY_THREE, job, placement, slow)
+    assert twice.reason.count(ON_CIRCUITS) == 1
+    fast = reestimate(again, _THREE_BY_THREE, job, placement, {("pod-0", "pod-1"): 1e6})
+    assert ON_CIRCUITS not in fast.reason
