@@ -191,8 +191,8 @@ class ReportIn(StrictModel):
         None,
         pattern=JOB_ID_PATTERN,
         description=(
-            "when the network knows it; one naming no placed job is attributed by "
-            "placement, and set aside as a dead letter when no placed job's server is in it"
+            "when the network knows it; a report naming no placed job (unknown, queued "
+            "or ended) is set aside as a dead letter (GET /v1/traffic/dead-letters)"
         ),
     )
     phase_started_at: Annotated[Number, Field(ge=0)] = Field(

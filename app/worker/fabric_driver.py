@@ -463,16 +463,13 @@ def _plus(a: Accounting, b: Accounting) -> Accounting:
 
 
 def _groups(report: ReportRow, by_server: dict[str, str]) -> dict[str, tuple[Demand, ...]]:
-    """The report's demands by job: the job it names when that job is placed, else the
-    jobs placed on their servers. A report naming a job that is not placed, whose
-    servers hold no placed job either, is refused (the caller sets it aside with the
-    reason) rather than dropped unseen."""
+    """The report's demands by job: all of them the job's it names, else each the job's
+    placed on its servers. A report naming a job that is not placed (unknown, queued
+    or ended) is refused, so the caller sets it aside with the reason rather than
+    drop it unseen: its bytes are not the other jobs' on those servers."""
     demands = [Demand(str(src), str(dst), float(size)) for src, dst, size in report.demands]
-    if report.job_id is not None and report.job_id in set(by_server.values()):
-        return {report.job_id: tuple(demands)}
-    groups = attribute_demands(by_server, demands)
-    if report.job_id is not None and not groups:
-        raise LookupError(
-            f"job {report.job_id!r} is not placed, and no demand touches a placed job's server"
-        )
-    return groups
+    if report.job_id is None:
+        return attribute_demands(by_server, demands)
+    if report.job_id not in set(by_server.values()):
+        raise LookupError(f"job {report.job_id!r} is not placed")
+    return {report.job_id: tuple(demands)}
