@@ -14,6 +14,7 @@ from app.engine.placement import (
     NEVER_TOO_FEW_UPLINKS,
     NOT_NOW_BUSY,
     NOT_NOW_SPREAD,
+    NOT_NOW_UPLINKS,
     _free_servers,
     fewest_pods,
     never_fits,
@@ -437,7 +438,8 @@ def test_placement_invariants_hold_over_arrivals_and_completions(
 ) -> None:
     """A sequence of arrivals and completions: every placement keeps the rules of `_check`
     against the servers free at that moment, no server is ever held by two running
-    jobs, and a job waits only when the pods hold too few whole EP groups for it."""
+    jobs, and a job waits only when the pods hold too few whole EP groups for it, or
+    when every layout of the free servers has a pod with too few uplinks for its pairs."""
     free = set(cluster.server_ids)
     running: dict[str, tuple[str, ...]] = {}
     for i in range(data.draw(st.integers(1, 12))):
@@ -454,6 +456,10 @@ def test_placement_invariants_hold_over_arrivals_and_completions(
             assert held.isdisjoint(result.servers)
             running[job.job_id] = result.servers
             free -= set(result.servers)
+        elif result.reasons == (NOT_NOW_UPLINKS,):
+            # waits for a layout whose pods can join its pairs: only where some pod has
+            # too few uplinks for two pairs (a pod in a ring or a pipeline's middle)
+            assert min(p.uplink_ports for p in cluster.pods) < 2
         elif not result.never_fits:
             assert _pod_capacity(cluster, free, ep) < dp * pp
     held = [s for servers in running.values() for s in servers]
