@@ -541,6 +541,10 @@ def _choice(
     )
 
 
+# what `reestimate` appends to a choice's reason when its circuits change its time
+ON_CIRCUITS = "; on the circuits it got: "
+
+
 def reestimate(
     choice: CollectiveChoice,
     cluster: Cluster,
@@ -580,9 +584,6 @@ def reestimate(
         choice.costs,
         choice.root_tors,
     )
-
-
-ON_CIRCUITS = "; on the circuits it got: "
 
 
 def choose_iteration_collective(

@@ -379,14 +379,15 @@ def plan_fabric(
         tdm = tdm[i:] + tdm[:i]
     current = tuple(current)
     where = port_pods(cluster)
-    # what each job holds on working ports between two pods (a failed port drops out)
-    held_by: dict[str, list[CrossConnect]] = defaultdict(list)
-    working: list[CrossConnect] = []  # in the OXCs' order, which the result keeps
-    for cc in current:
-        a = where.get((cc.oxc_id, cc.port_a))
-        if a is not None and a != where.get((cc.oxc_id, cc.port_b), a):
-            held_by[cc.job_id].append(cc)
-            working.append(cc)
+    # what the jobs hold on working ports between two pods (a failed port drops out), in
+    # the OXCs' order, which the result keeps
+    working = [
+        cc
+        for cc in current
+        if (a := where.get((cc.oxc_id, cc.port_a))) is not None
+        and a != where.get((cc.oxc_id, cc.port_b), a)
+    ]
+    holding = {cc.job_id for cc in working}
     wanted: dict[str, PodCircuits] = {}
     allocated: dict[str, tuple[tuple[str, str, str, int], ...]] = {}
     allocated_matrix: dict[str, PodCircuits] = {}
@@ -408,7 +409,7 @@ def plan_fabric(
         planned.append(d)
         job_id = d.job.job_id
         installs = d.slice.mode == MODE_ISOLATED or (tdm and tdm[0] == job_id)
-        if installs and d.reused is not None and held_by.get(job_id):
+        if installs and d.reused is not None and job_id in holding:
             # an unchanged allocation keeps exactly the circuits it holds now (its
             # current phase topology included): others' arrivals do not revert it
             untouched_jobs.add(job_id)

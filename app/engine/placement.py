@@ -212,7 +212,9 @@ def place_job(
         # a layout some pod of which could not join all its pairs even with every port
         # would leave the job unserved: another order of the same servers, or wait
         by_speed = sorted(scored, key=lambda c: (c[0].total_s, c[2]))
-        servable = [c for c in by_speed if not _uplinks_short(cluster, job, c[1])]
+        servable = [
+            c for c in by_speed if c is not chosen and not _uplinks_short(cluster, job, c[1])
+        ]
         if not servable:
             return Unplaceable(job.job_id, (NOT_NOW_UPLINKS,))
         best = (servable[0][0], servable[0][1])

@@ -57,40 +57,33 @@ class _Driver:
         return self.backlogs[min(self.passes, len(self.backlogs)) - 1]
 
 
-def test_the_fabric_loop_says_after_each_pass_whether_it_is_idle() -> None:
-    # a backlog (traffic left after a pass's budget) is not idle time: the loop goes on
-    driver = _Driver([True, True, False])
-    loop = FabricLoop(driver, WorkerMetrics(), tick_s=0.05, announce=lambda ids: None)  # type: ignore[arg-type]
+def _after_passes(driver: _Driver, n: int, *, leading: bool, tick_s: float) -> list[bool]:
+    """What a fabric loop tells `after_pass` the first `n` times."""
+    loop = FabricLoop(driver, WorkerMetrics(), tick_s=tick_s, announce=lambda ids: None)  # type: ignore[arg-type]
     seen: list[bool] = []
     stop = threading.Event()
 
     def after(idle: bool) -> None:
         seen.append(idle)
-        if len(seen) == 3:
+        if len(seen) == n:
             stop.set()
 
     loop.after_pass = after
     loop.request("arrival")
-    runner = threading.Thread(target=loop.run, args=(stop, lambda: True))
+    runner = threading.Thread(target=loop.run, args=(stop, lambda: leading))
     runner.start()
     runner.join(timeout=10)
-    assert seen == [False, False, True]
+    return seen
+
+
+def test_the_fabric_loop_says_after_each_pass_whether_it_is_idle() -> None:
+    # a backlog (traffic left after a pass's budget) is not idle time: the loop goes on
+    driver = _Driver([True, True, False])
+    assert _after_passes(driver, 3, leading=True, tick_s=0.05) == [False, False, True]
 
 
 def test_a_standby_fabric_loop_still_offers_idle_time() -> None:
     # not leading, it never passes: full collections must not wait for leadership
     driver = _Driver([False])
-    loop = FabricLoop(driver, WorkerMetrics(), tick_s=0.01, announce=lambda ids: None)  # type: ignore[arg-type]
-    seen: list[bool] = []
-    stop = threading.Event()
-
-    def after(idle: bool) -> None:
-        seen.append(idle)
-        if len(seen) == 2:
-            stop.set()
-
-    loop.after_pass = after
-    runner = threading.Thread(target=loop.run, args=(stop, lambda: False))
-    runner.start()
-    runner.join(timeout=10)
-    assert seen == [True, True] and driver.passes == 0
+    assert _after_passes(driver, 2, leading=False, tick_s=0.01) == [True, True]
+    assert driver.passes == 0
