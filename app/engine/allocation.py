@@ -900,8 +900,10 @@ def allocate_ports(
 
     # spare ports for per-phase topologies: what nobody's circuits took, up to each
     # job's want on its pods (most slowed first)
-    exhausted: set[str] = set()  # pods with no free port left (this step only takes)
-    for j in sorted(isolated, key=lambda x: -work[x].slowdown(port_bps)):
+    exhausted = {p for p, f in ports.free.items() if not any(f)}  # no free port left
+    # (this step only takes ports, so a job none of whose pods has one now gets none)
+    takers = [j for j in isolated if not work[j].pod_set <= exhausted]
+    for j in sorted(takers, key=lambda x: -work[x].slowdown(port_bps)):
         w = work[j]
         held_ports: dict[str, int] = defaultdict(int)
         for (_, a, b), n in circuits.get(j, {}).items():

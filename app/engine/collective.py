@@ -460,24 +460,30 @@ def _host_costs(
     placement: Placement,
     pod_gbps: Mapping[tuple[str, str], float] | None,
     size: float,
+    only: Collective | None = None,
 ) -> dict[Collective, float]:
-    """Seconds of the algorithms the servers run themselves (no aggregator)."""
+    """Seconds of the algorithms the servers run themselves (no aggregator); `only`:
+    just that one (a re-estimate needs the chosen algorithm alone)."""
     shape = _shape(cluster, placement)
-    server = gbps_to_bytes_per_s(cluster.server_gbps)
-    ring_b = _per_flow_bps(cluster, shape.ring, pod_gbps)
-    inter_b = _per_flow_bps(cluster, shape.inter, pod_gbps)
     sizes = shape.sizes
-    return {
-        ALGO_RING: max((ring_time_s(n, size, ring_b) for n in sizes), default=0.0),
-        ALGO_TREE: max((tree_time_s(n, size, ring_b) for n in sizes), default=0.0),
-        ALGO_HIERARCHICAL_RING: max(
+    costs: dict[Collective, float] = {}
+    if only in (None, ALGO_RING, ALGO_TREE):
+        ring_b = _per_flow_bps(cluster, shape.ring, pod_gbps)
+        if only in (None, ALGO_RING):
+            costs[ALGO_RING] = max((ring_time_s(n, size, ring_b) for n in sizes), default=0.0)
+        if only in (None, ALGO_TREE):
+            costs[ALGO_TREE] = max((tree_time_s(n, size, ring_b) for n in sizes), default=0.0)
+    if only in (None, ALGO_HIERARCHICAL_RING):
+        server = gbps_to_bytes_per_s(cluster.server_gbps)
+        inter_b = _per_flow_bps(cluster, shape.inter, pod_gbps)
+        costs[ALGO_HIERARCHICAL_RING] = max(
             (
                 hierarchical_ring_time_s(list(parts.values()), size, server, inter_b)
                 for parts in shape.split.values()
             ),
             default=0.0,
-        ),
-    }
+        )
+    return costs
 
 
 def choose_collective(
@@ -556,7 +562,8 @@ def reestimate(
     if choice.estimated_allreduce_s == 0.0:
         return choice
     if not choice.inc:
-        est = _host_costs(cluster, placement, pod_gbps, gradient_bytes(job))[choice.algorithm]
+        algo = choice.algorithm
+        est = _host_costs(cluster, placement, pod_gbps, gradient_bytes(job), algo)[algo]
     else:
         # INC keeps exactly its grants: offer against a ledger holding only them
         ledger = AggregatorLedger(tuple(g for g in choice.grants))

@@ -22,9 +22,10 @@ circuits inside the same slice, when a policy asks for them.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from operator import attrgetter
+from typing import NamedTuple
 
 from .allocation import (
     MODE_ELECTRICAL as ALLOC_ELECTRICAL,
@@ -240,11 +241,7 @@ def _routes(cluster: Cluster, flows: Sequence[Flow], plan: CircuitPlan) -> tuple
         paths[(r.src, r.dst)].append(r.path)
         left[(r.src, r.dst)].append(r.size_bytes)
     out = []
-    for f in flows:
-        src = _pod(cluster, f.src)
-        dst = _pod(cluster, f.dst)
-        if src is None or dst is None:
-            continue
+    for f, src, dst in _flow_pods(cluster, flows):
         path: tuple[str, ...] = (src,)
         bytes_left = left.get((src, dst))
         if src != dst and not bytes_left:
@@ -256,6 +253,24 @@ def _routes(cluster: Cluster, flows: Sequence[Flow], plan: CircuitPlan) -> tuple
             bytes_left[k] -= f.size_bytes
         out.append(Route(f.src, f.dst, path))
     return tuple(out)
+
+
+def _flow_pods(cluster: Cluster, flows: Sequence[Flow]) -> tuple[tuple[Flow, str, str], ...]:
+    """Each flow with its source and destination pods (flows outside the fabric left out)."""
+    return _FLOW_PODS.get((cluster, flows), lambda: _find_flow_pods(cluster, flows))
+
+
+def _find_flow_pods(cluster: Cluster, flows: Sequence[Flow]) -> tuple[tuple[Flow, str, str], ...]:
+    out = []
+    for f in flows:
+        src, dst = _pod(cluster, f.src), _pod(cluster, f.dst)
+        if src is not None and dst is not None:
+            out.append((f, src, dst))
+    return tuple(out)
+
+
+# a re-planned job routes the same phases' flows again (its traffic is remembered)
+_FLOW_PODS: IdentityMemo[tuple[tuple[Flow, str, str], ...]] = IdentityMemo(4096)
 
 
 def _pod(cluster: Cluster, endpoint: str) -> str | None:
@@ -379,15 +394,8 @@ def plan_fabric(
         tdm = tdm[i:] + tdm[:i]
     current = tuple(current)
     where = port_pods(cluster)
-    # what the jobs hold on working ports between two pods (a failed port drops out), in
-    # the OXCs' order, which the result keeps
-    working = [
-        cc
-        for cc in current
-        if (a := where.get((cc.oxc_id, cc.port_a))) is not None
-        and a != where.get((cc.oxc_id, cc.port_b), a)
-    ]
-    holding = {cc.job_id for cc in working}
+    held = _held(cluster, current)
+    holding = held.jobs
     wanted: dict[str, PodCircuits] = {}
     allocated: dict[str, tuple[tuple[str, str, str, int], ...]] = {}
     allocated_matrix: dict[str, PodCircuits] = {}
@@ -417,8 +425,12 @@ def plan_fabric(
             pass  # mapped on the allocated OXCs below
         elif installs and d.plan.circuits.total:
             wanted[job_id] = d.plan.circuits
-    untouched = [cc for cc in working if cc.job_id in untouched_jobs]
-    occupied = {(cc.oxc_id, p) for cc in untouched for p in (cc.port_a, cc.port_b)}
+    moving = [cc for cc in held.cross_connects if cc.job_id not in untouched_jobs]
+    if moving:
+        untouched = [cc for cc in held.cross_connects if cc.job_id in untouched_jobs]
+        occupied = set(held.ports).difference(_ports(moving))
+    else:
+        untouched, occupied = list(held.cross_connects), set(held.ports)
     exact = map_allocation(
         cluster, allocated, (cc for cc in current if cc.job_id in allocated), occupied
     )
@@ -433,7 +445,7 @@ def plan_fabric(
         pods = tuple(p.id for p in cluster.pods)
         for job_id, pairs in missing.items():
             wanted[job_id] = PodCircuits.from_pairs(pods, pairs)
-    occupied.update((cc.oxc_id, p) for cc in exact.cross_connects for p in (cc.port_a, cc.port_b))
+    occupied.update(_ports(exact.cross_connects))
     rest = map_cross_connects(
         cluster, wanted, (cc for cc in current if cc.job_id in wanted), occupied
     )
@@ -472,11 +484,54 @@ def plan_fabric(
             real = realised_circuits(cluster, by_job.get(job_id, ()), job_id)
         out.append(_finish(cluster, d, real))
     cross_connects = tuple(sorted(untouched + list(mapping.cross_connects), key=_physical_order))
+    # every one of them is on working ports between two pods: the next plan, which
+    # starts from them, need not look again
+    occupied.update(_ports(rest.cross_connects))
+    jobs_holding = untouched_jobs.union(cc.job_id for cc in mapping.cross_connects)
+    _HELD.get(
+        (cross_connects, where),
+        lambda: _Held(cross_connects, frozenset(jobs_holding), frozenset(occupied)),
+    )
     mlu = max((j.plan.mlu for j in out if j.slice.mode == MODE_ISOLATED), default=0.0)
     return FabricPlan(tuple(out), cross_connects, mlu, ledger, tuple(tdm), mapping.unmapped)
 
 
 _physical_order = attrgetter("oxc_id", "port_a", "port_b")  # as CrossConnect.key, in C
+
+
+class _Held(NamedTuple):
+    """What the OXCs hold that a plan can keep: cross-connects on working ports between
+    two pods (a failed port drops out), in the OXCs' order; their jobs; their ports."""
+
+    cross_connects: tuple[CrossConnect, ...]
+    jobs: frozenset[str]
+    ports: frozenset[tuple[str, int]]
+
+
+def _held(cluster: Cluster, current: tuple[CrossConnect, ...]) -> _Held:
+    where = port_pods(cluster)
+    return _HELD.get((current, where), lambda: _find_held(where, current))
+
+
+def _find_held(where: Mapping[tuple[str, int], str], current: Iterable[CrossConnect]) -> _Held:
+    working = tuple(
+        cc
+        for cc in current
+        if (a := where.get((cc.oxc_id, cc.port_a))) is not None
+        and a != where.get((cc.oxc_id, cc.port_b), a)
+    )
+    return _Held(working, frozenset(cc.job_id for cc in working), frozenset(_ports(working)))
+
+
+def _ports(cross_connects: Iterable[CrossConnect]) -> Iterator[tuple[str, int]]:
+    for cc in cross_connects:
+        yield cc.oxc_id, cc.port_a
+        yield cc.oxc_id, cc.port_b
+
+
+# a plan's result is the next plan's `current` (the controller's desired state): it is
+# remembered as held when it is made (see the end of `plan_fabric`)
+_HELD: IdentityMemo[_Held] = IdentityMemo(8)
 
 
 def _allocated_slice(job_id: str, ja: JobAllocation | None, demand: DemandMatrix) -> JobSlice:
@@ -676,13 +731,10 @@ def route_phases(
 
 
 def _electrical_routes(cluster: Cluster, flows: Sequence[Flow]) -> tuple[Route, ...]:
-    out = []
-    for f in flows:
-        src, dst = _pod(cluster, f.src), _pod(cluster, f.dst)
-        if src is None or dst is None:
-            continue
-        out.append(Route(f.src, f.dst, (src,) if src == dst else (src, dst)))
-    return tuple(out)
+    return tuple(
+        Route(f.src, f.dst, (src,) if src == dst else (src, dst))
+        for f, src, dst in _flow_pods(cluster, flows)
+    )
 
 
 def combined_demand(traffic: Sequence[PhaseTraffic]) -> DemandMatrix:
