@@ -112,6 +112,8 @@ JOB_EXAMPLE: dict[str, Any] = {
 
 
 # RFC 3339 date-time (a missing offset is read as UTC)
+# the last second a deadline may name: 9999-12-31T23:59:59Z (no earlier than the epoch)
+LAST_DEADLINE_S = 253_402_300_799.0
 _DATE_TIME = re.compile(r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})?$")
 
 
@@ -127,7 +129,9 @@ class JobIn(StrictModel):
     collective: Collective = Field(Collective.AUTO, description="auto lets Lightpath choose")
     priority: Annotated[StrictInt, Field(ge=-1000, le=1000)] = 0
     deadline: float | dt.datetime | None = Field(
-        None, description="epoch seconds or RFC 3339 time; used by the edf queue policy"
+        None,
+        description="epoch seconds or RFC 3339 time, from 1970 to 9999 (UTC); "
+        "used by the edf queue policy",
     )
     lease_s: Annotated[Number, Field(ge=1, le=86400)] | None = Field(
         None,
@@ -158,9 +162,13 @@ class JobIn(StrictModel):
         if isinstance(value, dt.datetime):
             if value.tzinfo is None:
                 value = value.replace(tzinfo=dt.UTC)
-            return value.timestamp()
-        if value is not None and (value != value or value in (float("inf"), float("-inf"))):
+            value = value.timestamp()
+        if value is None:
+            return None
+        if value != value or value in (float("inf"), float("-inf")):
             raise ValueError("deadline must be a finite number")
+        if not 0 <= value <= LAST_DEADLINE_S:
+            raise ValueError("deadline must fall between 1970-01-01 and 9999-12-31 (UTC)")
         return value
 
     def stored_body(self) -> dict[str, Any]:

@@ -7,6 +7,7 @@ tests start them.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -36,6 +37,12 @@ from app.worker import Worker
 from app.worker.fabric_driver import FabricDriver
 from app.worker.metrics import WorkerMetrics
 from app.worker.switch_controller import SwitchController
+
+log = logging.getLogger("lightpath.wiring")
+
+# a background loop that died is started again after this pause, doubling up to the max
+LOOP_RESTART_MIN_S = 0.5
+LOOP_RESTART_MAX_S = 10.0
 
 # the cluster loaders stay importable from here
 __all__ = ["ConfigError", "Runtime", "build_fabric_side", "build_runtime", "load_cluster"]
@@ -84,7 +91,19 @@ class Runtime:
     def _spawn(self, name: str, target: Callable[..., None], *args: Any) -> None:
         def run() -> None:
             self.thread_init()
-            target(*args)
+            # the loops retry their own failures; should one escape anyway, the loop is
+            # started again (a dead scheduling thread in a live process would keep its
+            # lease and stop all scheduling, with no standby taking over)
+            pause_s = LOOP_RESTART_MIN_S
+            while True:
+                try:
+                    target(*args)
+                    return
+                except Exception:
+                    log.exception("background loop died; restarting it", extra={"loop": name})
+                if self._stop.wait(pause_s):
+                    return
+                pause_s = min(pause_s * 2, LOOP_RESTART_MAX_S)
 
         thread = threading.Thread(target=run, name=name, daemon=True)
         thread.start()

@@ -236,9 +236,17 @@ class RedisStreamsBus:
     # -- change notices -------------------------------------------------------------
 
     def announce(self, change: JobsChanged) -> None:
-        """Tell every listener (in any process) which jobs changed; no delivery guarantee."""
-        with _translated("announce"):
-            self._redis.publish(self.changes_channel, encode(change))
+        """Tell every listener (in any process) which jobs changed; no delivery guarantee.
+
+        A notice lost while Redis is unreachable is dropped with a log line, not
+        raised: the changes it names are committed, and waiters re-read the
+        database when their wait ends.
+        """
+        try:
+            with _translated("announce"):
+                self._redis.publish(self.changes_channel, encode(change))
+        except BusUnavailable as exc:
+            log.warning("change notice dropped", extra={"detail": str(exc)})
 
     def listen(self, listener: Callable[[JobsChanged], None]) -> None:
         """Call `listener` from a daemon thread for every notice on the changes channel.

@@ -199,7 +199,7 @@ class PlacedCache:
         servers = tuple(u["server"] for u in placement["units"])
         ends = None
         if walltime_s is not None and placed_at is not None:
-            ends = _aware(placed_at).timestamp() + float(walltime_s)  # type: ignore[union-attr]
+            ends = as_utc(placed_at).timestamp() + float(walltime_s)  # type: ignore[union-attr]
         grants = grants_of(collective)
         previous = self.facts.get(job_id)
         self._leased += leased - (previous.leased if previous is not None else False)
@@ -277,7 +277,7 @@ def utcnow() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
 
 
-def _aware(value: dt.datetime | None) -> dt.datetime | None:
+def as_utc(value: dt.datetime | None) -> dt.datetime | None:
     """SQLite hands back naive datetimes; everything we store is UTC."""
     if value is not None and value.tzinfo is None:
         return value.replace(tzinfo=dt.UTC)
@@ -295,12 +295,12 @@ def _job_record(row: Any) -> JobRecord:
         queue_reason=row.queue_reason,
         placement=row.placement,
         collective=row.collective,
-        submitted_at=_aware(row.submitted_at),  # type: ignore[arg-type]
-        placed_at=_aware(row.placed_at),
-        completed_at=_aware(row.completed_at),
+        submitted_at=as_utc(row.submitted_at),  # type: ignore[arg-type]
+        placed_at=as_utc(row.placed_at),
+        completed_at=as_utc(row.completed_at),
         owner=row.owner,
         lease_s=row.lease_s,
-        heartbeat_at=_aware(row.heartbeat_at),
+        heartbeat_at=as_utc(row.heartbeat_at),
         exit_code=row.exit_code,
         end_reason=row.end_reason,
     )
@@ -529,8 +529,8 @@ class Store:
             JobLease(
                 r.job_id,
                 float(r.lease_s),
-                _aware(r.placed_at).timestamp(),  # type: ignore[union-attr]
-                _aware(r.heartbeat_at).timestamp() if r.heartbeat_at is not None else None,  # type: ignore[union-attr]
+                as_utc(r.placed_at).timestamp(),  # type: ignore[union-attr]
+                as_utc(r.heartbeat_at).timestamp() if r.heartbeat_at is not None else None,  # type: ignore[union-attr]
             )
             for r in rows
         ]
@@ -549,7 +549,7 @@ class Store:
                     t.jobs.c.job_id == lease.job_id, t.jobs.c.state == JobState.PLACED.value
                 )
             ).first()
-            if row is None or _aware(row.heartbeat_at) != beat:
+            if row is None or as_utc(row.heartbeat_at) != beat:
                 return False
             conn.execute(
                 update(t.jobs)
@@ -785,7 +785,7 @@ class Store:
                 .limit(limit)
             ).all()
         return [
-            DecisionRecord(r.seq, _aware(r.at), r.kind, r.job_id, r.reason, r.payload)  # type: ignore[arg-type]
+            DecisionRecord(r.seq, as_utc(r.at), r.kind, r.job_id, r.reason, r.payload)  # type: ignore[arg-type]
             for r in rows
         ]
 

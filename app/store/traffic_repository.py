@@ -46,6 +46,7 @@ from .repository import (
     Store,
     StoreError,
     append_decisions,
+    as_utc,
     chunks,
     next_counter,
     utcnow,
@@ -370,7 +371,7 @@ class TrafficRepository:
             rows = conn.execute(
                 select(d).where(d.c.ord > after).order_by(d.c.ord).limit(limit)
             ).all()
-        return [DeadLetterRecord(r.ord, r.job_id, r.reason, r.report, r.at) for r in rows]
+        return [DeadLetterRecord(r.ord, r.job_id, r.reason, r.report, as_utc(r.at)) for r in rows]
 
     def prediction(self, job_id: str) -> PredictionRow | None:
         return self.predictions([job_id]).get(job_id)

@@ -31,6 +31,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
+from app.bus.errors import BusUnavailable
 from app.bus.messages import AdmitJob, CompleteJob, Delivery, JobsChanged, Message, ReportTraffic
 from app.engine.cluster import Cluster
 from app.engine.job_lease import expired_leases
@@ -256,18 +257,35 @@ class Worker:
         )
         fabric.start()
         backoff_s = 0.1
+        bus_down = False
         while not stop.is_set():
             if not is_leader():
                 stop.wait(self.settings.worker_tick_s)  # a standby takes no messages
                 continue
-            deliveries = self.bus.consume(self.settings.worker_tick_s)
+            try:
+                deliveries = self.bus.consume(self.settings.worker_tick_s)
+                if bus_down:
+                    log.warning("event bus reachable again; taking messages")
+                    bus_down = False
+            except BusUnavailable as exc:
+                # messages are only wake-ups: without them every tick still acts on the
+                # durable state, and what was published meanwhile is taken when it is back
+                if not bus_down:
+                    log.warning(
+                        "event bus unavailable; acting on the database every tick",
+                        extra={"detail": str(exc)},
+                    )
+                    bus_down = True
+                stop.wait(self.settings.worker_tick_s)
+                deliveries = []
             try:
                 self._not_admitting.clear()
                 try:
                     self.admit_pass([d.message for d in deliveries])
                 finally:
                     self._not_admitting.set()
-                self.bus.ack(deliveries)
+                if deliveries:
+                    self.bus.ack(deliveries)
                 backoff_s = 0.1
             except Fenced as exc:
                 # a newer leader exists, or our lease lapsed mid-pass: nothing was written

@@ -40,6 +40,9 @@ CASES = [
     ("bool deadline", {**GOOD, "deadline": True}, 422, "body.deadline"),
     ("numeric string deadline", {**GOOD, "deadline": "1893456000"}, 422, "body.deadline"),
     ("bare date deadline", {**GOOD, "deadline": "2030-01-01"}, 422, "body.deadline"),
+    ("deadline past year 9999", {**GOOD, "deadline": 1e308}, 422, "body.deadline"),
+    ("deadline before 1970", {**GOOD, "deadline": -1e300}, 422, "body.deadline"),
+    ("deadline in year 1", {**GOOD, "deadline": "0001-01-01T00:00:00Z"}, 422, "body.deadline"),
 ]
 
 

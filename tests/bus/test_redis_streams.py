@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import signal
 import subprocess
 import sys
@@ -374,7 +375,6 @@ def test_unreachable_redis_fails_fast_as_bus_unavailable() -> None:
             bus.ping,
             lambda: bus.publish(AdmitJob("x")),
             lambda: bus.consume(0.1),
-            lambda: bus.announce(JobsChanged(("x",))),
         ):
             start = time.monotonic()
             with pytest.raises(BusUnavailable) as caught:
@@ -382,6 +382,22 @@ def test_unreachable_redis_fails_fast_as_bus_unavailable() -> None:
             assert time.monotonic() - start < 1.0
             assert isinstance(caught.value, BusError)
             assert isinstance(caught.value.__cause__, redis.ConnectionError)
+    finally:
+        bus.close()
+
+
+def test_a_change_notice_is_dropped_with_a_log_line_when_redis_is_unreachable(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A notice has no delivery guarantee: the worker that announces a committed change
+    must not fail (and retry its pass) because Redis is down."""
+    bus = RedisStreamsBus(CLOSED_PORT_URL)
+    try:
+        start = time.monotonic()
+        with caplog.at_level(logging.WARNING, logger="lightpath.bus"):
+            bus.announce(JobsChanged(("x",)))
+        assert time.monotonic() - start < 1.0
+        assert any(r.getMessage() == "change notice dropped" for r in caplog.records)
     finally:
         bus.close()
 

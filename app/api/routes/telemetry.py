@@ -171,7 +171,7 @@ async def list_dead_letters(
                     "ord": r.ord,
                     "job_id": r.job_id,
                     "reason": r.reason,
-                    "report": r.report,
+                    "report": _as_posted(r.report),
                     "at": r.at.isoformat().replace("+00:00", "Z") if r.at else None,
                 }
                 for r in rows
@@ -179,6 +179,18 @@ async def list_dead_letters(
             "next": rows[-1].ord if more else None,
         }
     )
+
+
+def _as_posted(report: Any) -> Any:
+    """A stored report in the shape it was posted: demands as {src, dst, bytes} objects
+    (they are stored as [src, dst, bytes] rows)."""
+    if not isinstance(report, dict) or not isinstance(report.get("demands"), list):
+        return report
+    demands = [
+        {"src": d[0], "dst": d[1], "bytes": d[2]} if isinstance(d, list) and len(d) == 3 else d
+        for d in report["demands"]
+    ]
+    return {**report, "demands": demands}
 
 
 @router.get(
