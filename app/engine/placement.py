@@ -45,7 +45,13 @@ from typing import TypeVar
 
 from .allocation import job_demand
 from .cluster import Cluster, Pod, Tor
-from .collective import ALPHA_RING_S, AggregatorGrant, AggregatorLedger, estimate_costs
+from .collective import (
+    ALPHA_RING_S,
+    AggregatorGrant,
+    AggregatorLedger,
+    choose_collective,
+    estimate_costs,
+)
 from .job import Collective, Job, Placement, Unit, Unplaceable
 from .memo import IdentityMemo
 from .traffic import ALGO_INC, ALGO_RING, ALGO_TREE, resolve_facts
@@ -150,6 +156,63 @@ def uplinks_free(cluster: Cluster, held: Mapping[str, float]) -> dict[str, int]:
     return {
         p.id: max(0, p.uplink_ports - math.ceil(held.get(p.id, 0) - 1e-9)) for p in cluster.pods
     }
+
+
+def expected_inc_use(
+    cluster: Cluster, job: Job, placement: Placement, aggregator_free_gbps: Mapping[str, float]
+) -> dict[str, float]:
+    """ToR -> Gb/s of aggregation the fabric controller would grant the placed job now.
+
+    The controller's own first choice (`collective.choose_collective` at NIC rate,
+    against what other jobs leave free), so it is what the job's first fabric pass
+    will grant unless aggregators change meanwhile.
+    """
+    choice = choose_collective(cluster, job, placement, _ledger(cluster, aggregator_free_gbps))
+    use: dict[str, float] = {}
+    for g in choice.grants:
+        use[g.tor_id] = use.get(g.tor_id, 0.0) + g.gbps
+    return use
+
+
+class Placer:
+    """`place_job` over one admission pass, counting the aggregators it hands out.
+
+    Each placement's expected INC use (`expected_inc_use`) comes off the free
+    aggregator capacity the next placement sees, and is kept in `inc_use`:
+    jobs placed back to back (in one pass, or before the fabric pass that
+    grants the first one's aggregators) do not all count on the same idle
+    aggregator. The worker's scheduler and the simulator both place through it.
+    """
+
+    def __init__(
+        self,
+        aggregator_free_gbps: Mapping[str, float],
+        ports_free: Mapping[str, int] | None = None,
+        max_extra_pods: int | None = None,
+    ) -> None:
+        self.aggregator_free_gbps = dict(aggregator_free_gbps)
+        self.ports_free = ports_free
+        self.max_extra_pods = max_extra_pods
+        self.inc_use: dict[str, dict[str, float]] = {}  # job -> ToR -> Gb/s
+
+    def __call__(self, cluster: Cluster, free: Set[str], job: Job) -> Placement | Unplaceable:
+        result = place_job(
+            cluster,
+            free,
+            job,
+            aggregator_free_gbps=self.aggregator_free_gbps,
+            ports_free=self.ports_free,
+            max_extra_pods=self.max_extra_pods,
+        )
+        if isinstance(result, Placement) and job.collective in (Collective.AUTO, Collective.INC):
+            use = expected_inc_use(cluster, job, result, self.aggregator_free_gbps)
+            if use:
+                self.inc_use[job.job_id] = use
+                agg = self.aggregator_free_gbps
+                for tor_id, gbps in use.items():
+                    tor = cluster.tors_by_id[tor_id]
+                    agg[tor_id] = max(0.0, agg.get(tor_id, tor.aggregator_gbps) - gbps)
+        return result
 
 
 def place_job(
@@ -281,8 +344,12 @@ def _choose_slots(
     if sum(pod_cap.values()) < need:
         return None
     slots: list[_Slot] = []
-    for pod, take in _pick_pods(cluster, free_by_tor, pod_cap, pod_free, need, ep, ports, agg):
-        slots.extend(_slots_in_pod(pod, free_by_tor, take, ep, agg))
+    inc = job.collective is Collective.INC
+    inc_group = job.parallelism.dp if inc else None
+    for pod, take in _pick_pods(
+        cluster, free_by_tor, pod_cap, pod_free, need, ep, ports, agg, inc_group
+    ):
+        slots.extend(_slots_in_pod(pod, free_by_tor, take, ep, agg, inc))
     assert len(slots) == need, "slot accounting is broken"
     return slots
 
@@ -341,12 +408,15 @@ def _slots_in_pod(
     groups: int,
     ep: int,
     agg: Mapping[str, float],
+    inc: bool = False,
 ) -> list[_Slot]:
     """`groups` EP groups in one pod: under one ToR each while a ToR has room, then spanning.
 
     ToRs are taken smallest first until one holds the rest (best fit), so scraps
-    are used and whole ToRs stay whole; ties go to the idlest aggregator. Groups
-    no ToR holds take the leftovers, largest first (fewest ToRs per group).
+    are used and whole ToRs stay whole; ties go to the idlest aggregator. A job
+    that forces INC (`inc`) puts the rest under a ToR whose aggregator has
+    capacity left where one holds it (under a full one INC falls back to ring).
+    Groups no ToR holds take the leftovers, largest first (fewest ToRs per group).
     """
     capacities = [(t, len(free_by_tor[t.id]) // ep) for t in pod.tors]
     if sum(cap for _, cap in capacities) >= groups:
@@ -355,6 +425,7 @@ def _slots_in_pod(
             groups,
             tail_key=lambda t, cap: (len(free_by_tor[t.id]), -agg.get(t.id, t.aggregator_gbps)),
             largest_first=False,
+            prefer=(lambda t: agg.get(t.id, t.aggregator_gbps) > 0) if inc else None,
         )
     else:  # no ToR holds the rest: every whole group first, the others span
         tors = [(t, cap) for t, cap in capacities if cap > 0]
@@ -396,8 +467,13 @@ def _pick_pods(
     ep: int,
     ports: Mapping[str, int],
     agg: Mapping[str, float],
+    inc_group: int | None = None,
 ) -> list[tuple[Pod, int]]:
     """Pods and how many groups each takes: one pod if any holds the job, else fewest.
+
+    `inc_group`: the job forces INC and a DP group is that many EP groups; of
+    the pods that hold the job, those with a ToR that holds a DP group under an
+    aggregator with capacity left come first, when there are any.
 
     Inside one pod: the pod whose leftover strands fewest servers for later EP
     groups (`_waste`), then best fit (fewest free servers: emptier pods stay
@@ -409,6 +485,15 @@ def _pick_pods(
     """
     pool = [p for p in cluster.pods if pod_cap[p.id] > 0]
     fitting = [p for p in pool if pod_cap[p.id] >= need]
+    if fitting and inc_group is not None:
+        fitting = [
+            p
+            for p in fitting
+            if any(
+                len(free_by_tor[t.id]) // ep >= inc_group and agg.get(t.id, t.aggregator_gbps) > 0
+                for t in p.tors
+            )
+        ] or fitting
     if fitting:
 
         def spans(p: Pod) -> bool:
@@ -463,6 +548,7 @@ def _pick(
     tail_key: Callable[[_C, int], tuple[object, ...]],
     *,
     largest_first: bool,
+    prefer: Callable[[_C], bool] | None = None,
 ) -> list[tuple[_C, int]]:
     """Containers and how many groups each takes; best-fit for the tail.
 
@@ -470,7 +556,8 @@ def _pick(
     largest first for pods (fewest pods, fewest circuits), the smallest first for
     ToRs (a pod is non-blocking, so using scraps costs nothing there and keeps
     whole ToRs for wide EP groups later). The remainder goes into the smallest
-    container that holds it, so whole containers stay whole.
+    container that holds it, so whole containers stay whole; among those that
+    hold it, `prefer`red ones first when there are any.
     """
     sign = -1 if largest_first else 1
     pool = sorted((c for c in capacities if c[1] > 0), key=lambda c: sign * c[1])
@@ -478,6 +565,8 @@ def _pick(
     remaining = need
     while remaining > 0:
         fitting = [c for c in pool if c[1] >= remaining]
+        if fitting and prefer is not None:
+            fitting = [c for c in fitting if prefer(c[0])] or fitting
         if fitting:
             item = min(fitting, key=lambda c: (c[1],) + tail_key(c[0], c[1]))
             chosen.append((item[0], remaining))

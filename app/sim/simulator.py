@@ -27,7 +27,6 @@ depend on j's in turn; two fixed-point rounds settle them at each event.
 
 from __future__ import annotations
 
-import functools
 import heapq
 import math
 import time
@@ -49,7 +48,7 @@ from app.engine.controller import step as control
 from app.engine.gpu_profiles import gpu_profile
 from app.engine.job import Job, Placement
 from app.engine.memory import DEFAULT_ZERO_STAGE, check_job_memory
-from app.engine.placement import OPTICAL_EXTRA_PODS, never_fits, place_job
+from app.engine.placement import OPTICAL_EXTRA_PODS, Placer, never_fits, place_job
 from app.engine.predictor import DEFAULT_ALGORITHM
 from app.engine.queue import QueuePolicy, admit_queued
 
@@ -318,12 +317,7 @@ class Simulation:
     def _place_fn(self) -> Callable[..., object]:
         if self.spec.inc_aware and self.spec.optical:
             agg = {t: self.ledger.free_gbps(self.cluster, t) for t in self.cluster.tors_by_id}
-            return functools.partial(
-                place_job,
-                aggregator_free_gbps=agg,
-                ports_free=free_uplinks(self.control),
-                max_extra_pods=self.max_extra_pods,
-            )
+            return Placer(agg, free_uplinks(self.control), self.max_extra_pods)
         return place_job
 
     def _admit(self, at: float, changed: list[str], replan: bool = False) -> None:

@@ -181,10 +181,17 @@ class PlacedCache:
         placed_at: dt.datetime,
         walltime_s: float | None,
         leased: bool,
+        inc_use: dict[str, float] | None = None,
     ) -> None:
-        """A job this process just placed (committed): no need to read it back."""
+        """A job this process just placed (committed): no need to read it back.
+
+        `inc_use` (ToR -> Gb/s): the aggregation its first fabric pass is expected to
+        grant, counted until that pass reports the real grants (`set_collective`).
+        """
         with self._lock:
             self._add(job_id, placement, placed_at, walltime_s, None, leased)
+            if inc_use:
+                self.facts[job_id].grants = dict(inc_use)
 
     def _add(
         self,

@@ -10,11 +10,10 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from functools import partial
 
 from app.engine.cluster import Cluster
 from app.engine.job import Job
-from app.engine.placement import OPTICAL_EXTRA_PODS, fewest_pods, place_job, uplinks_free
+from app.engine.placement import OPTICAL_EXTRA_PODS, Placer, fewest_pods, uplinks_free
 from app.engine.queue import Admission, QueuePolicy, admit_queued, needs_servers
 from app.store import ConcurrentChange, PlacedCache, Snapshot, Store
 from app.store.mapping import placement_to_json
@@ -97,18 +96,14 @@ def schedule(
             tor_id: max(0.0, tor.aggregator_gbps - snapshot.aggregator_used_gbps.get(tor_id, 0.0))
             for tor_id, tor in cluster.tors_by_id.items()
         }
+        place = Placer(agg_free, uplinks_free(cluster, snapshot.uplinks_held), max_extra_pods)
         admission = admit_queued(
             cluster,
             free,
             queue,
             policy,
             backfill=backfill,
-            place=partial(
-                place_job,
-                aggregator_free_gbps=agg_free,
-                ports_free=uplinks_free(cluster, snapshot.uplinks_held),
-                max_extra_pods=max_extra_pods,
-            ),
+            place=place,
             now=time.time(),
             busy_until=snapshot.busy_until,
         )
@@ -141,6 +136,8 @@ def schedule(
                         now,
                         jobs[p.job_id].walltime_s,
                         p.job_id in snapshot.leased,
+                        # counted until its fabric pass reports what it was granted
+                        inc_use=place.inc_use.get(p.job_id),
                     )
         servers = {p.job_id: len(p.units) for p in admission.placements}
         for job_id, seq in zip(written.placed, written.seqs, strict=True):

@@ -9,12 +9,14 @@ from hypothesis import strategies as st
 
 from app.engine.allocation import job_demand
 from app.engine.cluster import Cluster, build_cluster, preset
+from app.engine.collective import AggregatorLedger, choose_collective
 from app.engine.job import Collective, Job, ModelFacts, Parallelism, Placement, Unplaceable
 from app.engine.placement import (
     NEVER_TOO_FEW_UPLINKS,
     NOT_NOW_BUSY,
     NOT_NOW_SPREAD,
     NOT_NOW_UPLINKS,
+    Placer,
     _free_servers,
     fewest_pods,
     never_fits,
@@ -249,6 +251,32 @@ def test_idle_aggregator_preferred_on_ties() -> None:
     result = place_job(cluster, set(cluster.server_ids), _job(2), aggregator_free_gbps=busy)
     assert isinstance(result, Placement)
     assert {cluster.server(s).tor_id for s in result.servers} == {"pod-2/tor-1"}
+
+
+def test_jobs_forcing_inc_back_to_back_each_get_an_idle_aggregator_while_one_is_left() -> None:
+    """Before, the second of two forced-INC jobs went by best fit under the ToR whose
+    aggregator the first had just filled (scheduling learnt of the grant only from
+    the fabric pass), and fell back to ring while other ToRs' aggregators idled.
+    The placer counts what each placement will be granted; a forced-INC job goes
+    under a ToR, then into a pod, whose aggregator has room."""
+    cluster = preset("small")  # 4 pods x 2 ToRs of 4 servers, 800 Gb/s aggregators
+    place = Placer({})
+    free = set(cluster.server_ids)
+    ledger = AggregatorLedger()  # what the fabric controller grants, job by job
+    algorithms, tors = [], []
+    for i in range(10):
+        job = Job(f"inc-{i}", Parallelism(dp=2, pp=1), FACTS, collective=Collective.INC)
+        result = place(cluster, free, job)
+        assert isinstance(result, Placement)
+        free -= set(result.servers)
+        choice = choose_collective(cluster, job, result, ledger)
+        ledger = ledger.reserve(cluster, choice.grants)
+        algorithms.append(choice.algorithm)
+        tors.append({cluster.server(s).tor_id for s in result.servers})
+        # what the placer counted is what the controller granted
+        assert place.inc_use.get(job.job_id, {}) == {g.tor_id: g.gbps for g in choice.grants}
+    assert algorithms == ["inc"] * 8 + ["ring"] * 2  # one per aggregator, then none left
+    assert all(len(t) == 1 for t in tors[:8]) and len(set().union(*tors[:8])) == 8
 
 
 def test_a_job_the_free_servers_would_scatter_waits_for_a_compact_layout() -> None:

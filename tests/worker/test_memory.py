@@ -319,3 +319,30 @@ def test_a_fabric_pass_steps_aside_while_an_admission_runs_but_not_for_long(
         start = time.monotonic()
         step()  # no admission under way: no wait
         assert time.monotonic() - start < ADMISSION_FIRST_S / 2
+
+
+def test_scheduling_counts_the_aggregators_a_job_it_just_placed_will_be_granted(
+    store: Store,
+) -> None:
+    """Two forced-INC jobs admitted one after the other, before any fabric pass has
+    reported the first one's grant: the second goes under another ToR's aggregator
+    (before, best fit put it under the first one's full aggregator: ring)."""
+    cache = PlacedCache()
+    for job_id in ("first", "second"):
+        body = {
+            "job_id": job_id,
+            "parallelism": {"dp": 2, "pp": 1, "ep": 1},
+            "collective": "inc",
+        }
+        store.submit_job(job_id, body, job_id, servers_needed=2, priority=0, deadline=None)
+        schedule(store, SMALL, QueuePolicy.FIFO, backfill=True, reason="arrival", cache=cache)
+    tors = []
+    for job_id in ("first", "second"):
+        record = store.get_job(job_id)
+        assert record is not None and record.state == "placed"
+        tors.append({SMALL.server(u["server"]).tor_id for u in record.placement["units"]})
+    assert len(tors[0]) == len(tors[1]) == 1 and tors[0] != tors[1]
+    # counted until the fabric pass reports what was really granted
+    assert cache.view().aggregators == {t: 800.0 for t in tors[0] | tors[1]}
+    cache.set_collective("first", {"aggregator_grants": []})
+    assert cache.view().aggregators == {t: 800.0 for t in tors[1]}
