@@ -335,7 +335,7 @@ def build_worker_runtime(settings: Settings, cluster: Cluster) -> Runtime:
     runtime.thread_init = fence.bind_current_thread
     worker = runtime.worker
     assert worker is not None
-    leader = LeaderLoop(lease)
+    leader = LeaderLoop(lease, used_token=fence.stored_token)
     if settings.fabric_process:
         runtime.controller = None  # it runs in the fabric process
         worker.fabric_process = FabricProcess(

@@ -141,23 +141,26 @@ def fits_in_pods(free_per_pod: list[int], sizes: list[int]) -> bool:
     return True
 
 
-def hindsight_fits(start_free_per_pod: list[int], arrived: list[Job], pod_size: int) -> bool:
+def hindsight_fits(start_free_per_pod: list[int], arrived: list[tuple[Job, bool]]) -> bool:
     """Oracle: could a clairvoyant placer have fit every arrival of the trial's last phase?
 
     From the free servers per pod when churn stopped (arrivals only from then
-    on), with the arrivals placed since and the job that queued: each job that
-    a pod can hold whole stays in one pod (the locality the placer keeps), a
-    bigger one splits into its EP groups anywhere (looser than the rules,
-    which keep it to the fewest pods). False therefore proves that no
-    placement of that phase keeping its jobs' locality fits the last job, so
-    only decisions before it (while jobs came and went) could have.
+    on), with the arrivals placed since and the job that queued, each with
+    whether some pod had room for all of it when it arrived: such a job stays
+    in one pod (the locality the placer keeps), any other splits into its EP
+    groups anywhere (looser than the rules, which keep it to the fewest pods).
+    False therefore proves that no placement of that phase keeping that
+    locality fits the last job, so only decisions before it (while jobs came
+    and went) could have. (It used to keep whole every job a pod could hold,
+    even one that arrived when no pod had room for it, and so denied a fit
+    that splitting such a job over two pods, as the placer would, gives.)
     """
     pieces = [
         size
-        for job in arrived
+        for job, whole in arrived
         for size in (
             [job.servers_needed]
-            if job.servers_needed <= pod_size
+            if whole
             else [job.parallelism.ep] * (job.parallelism.dp * job.parallelism.pp)
         )
     ]
@@ -215,12 +218,13 @@ def run_trial(
             i += 1
     first: tuple[float, bool] | None = None
     churned = free_per_pod()  # arrivals only from here on
-    arrived: list[Job] = []
+    arrived: list[tuple[Job, bool]] = []  # and whether a pod had room for all of it
     while free:
         job = make_job(rng, sizes, i, eps)
         i += 1
+        whole = job.servers_needed <= max(free_per_pod())
         if attempt(job):
-            arrived.append(job)
+            arrived.append((job, whole))
             continue
         used = 1 - len(free) / cluster.server_count
         short = len(free) < job.servers_needed
@@ -232,7 +236,7 @@ def run_trial(
             # any placement of the arrivals since churn stopped have fit it?
             par = job.parallelism
             existed = sum(n // par.ep for n in free_per_pod()) >= par.dp * par.pp
-            hindsight = hindsight_fits(churned, [*arrived, job], pod_size)
+            hindsight = hindsight_fits(churned, [*arrived, (job, whole)])
             mean_ratio = statistics.mean(pods_ratio)
             return Trial(first[0], first[1], used, mean_ratio, existed, hindsight)
     if first is None:

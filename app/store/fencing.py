@@ -116,6 +116,13 @@ class Fence:
             raise Fenced(f"the fencing row holds {stored} (ours {mine}): refusing to write")
         conn.info[TOKEN_KEY] = mine
 
+    def stored_token(self) -> int | None:
+        """The newest token the fencing row holds (None: no leader has written yet)."""
+        f = t.fencing
+        with self.engine.connect().execution_options(**{UNFENCED: True}) as conn:
+            value = conn.execute(select(f.c.token).where(f.c.name == self.name)).scalar()
+        return None if value is None else int(value)
+
     def _raise(self, mine: int) -> None:
         """A new leader's first transaction: raise the row to our token, in a transaction of
         its own (it waits for the old leader's open transactions, never for our own threads,

@@ -327,10 +327,14 @@ class LeaderLoop:
         on_elected: Callable[[int | None], None] = lambda token: None,
         on_deposed: Callable[[], None] = lambda: None,
         interval_s: float | None = None,
+        used_token: Callable[[], int | None] | None = None,
     ) -> None:
         self.lease = lease
         self.on_elected = on_elected
         self.on_deposed = on_deposed
+        # the newest token the fenced store has seen (`Fence.stored_token`): a token handed
+        # out again (Redis restarted empty, its counter reset) is not a new leader's
+        self.used_token = used_token
         self.interval_s = interval_s if interval_s is not None else lease.ttl_s / 3
         self._leading = False
         self._stop = threading.Event()
@@ -348,9 +352,30 @@ class LeaderLoop:
                 log.warning("stepping down: lease not renewed")
                 self.on_deposed()
         elif self.lease.try_acquire():
+            self._take_a_fresh_token()
             self._leading = True
             log.info("elected leader", extra={"token": self.lease.token})
             self.on_elected(self.lease.token)
+
+    def _take_a_fresh_token(self) -> None:
+        """Move past the newest token the store has seen before leading with ours.
+
+        A Redis that restarted empty hands out token 1 again; if the store's fencing
+        row holds 1, the deposed leader (still inside its lease by its own clock)
+        and we would both pass the fence until its lease ran out. The fence moves
+        a token that is below the row; an equal one only this check catches.
+        """
+        if self.used_token is None:
+            return
+        mine = self.lease.token
+        try:
+            used = self.used_token()
+        except Exception as exc:  # the store is down: the fence refuses writes anyway
+            log.warning("could not read the fencing token", extra={"error": str(exc)})
+            return
+        advance = getattr(self.lease, "advance_past", None)
+        if mine is not None and used is not None and mine <= used and advance is not None:
+            advance(used)
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="leader-loop", daemon=True)

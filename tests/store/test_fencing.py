@@ -76,6 +76,19 @@ def test_a_deposed_leader_cannot_write_after_the_new_one_did(stores: tuple[Store
     assert _tokens(new_store) == [(1, "old", 3), (2, "new", 4)]
 
 
+def test_the_stored_token_is_what_the_last_leader_raised_the_row_to(
+    stores: tuple[Store, Store],
+) -> None:
+    store, other = stores
+    fence = Fence(store.write_engine, lambda: 7)
+    # a fresh database may hold no row yet (or one left by an earlier test's leader)
+    before = Fence(other.write_engine, lambda: None).stored_token()
+    assert before is None or before < 7
+    _write(store, fence, "first")
+    assert fence.stored_token() == 7
+    assert Fence(other.write_engine, lambda: None).stored_token() == 7  # any process reads it
+
+
 def test_a_lapsed_lease_writes_nothing(stores: tuple[Store, Store]) -> None:
     store, _ = stores
     fence = Fence(store.write_engine, lambda: None)

@@ -236,3 +236,37 @@ def test_a_holder_advances_its_token_past_one_the_database_saw(
     assert a.token == 101 and a.is_held
     assert a.renew()  # the lease key names the new token
     assert a.advance_past(50) == 102  # the counter only grows
+
+
+def test_a_leader_elected_with_a_token_the_store_already_saw_takes_a_fresh_one(
+    make_lease: Callable[..., RedisLease], redis_url: str, prefix: str
+) -> None:
+    """Redis restarted empty hands out token 1 again while the fencing row holds 1 (the
+    deposed leader's, still inside its lease by its own clock): before, both passed
+    the fence until that lease ran out. The new leader moves past the row first."""
+    old = make_lease("old")
+    assert old.try_acquire() and old.token == 1
+    used = old.token  # the fencing row now holds it
+    redis.Redis.from_url(redis_url).delete(f"{prefix}:leader", f"{prefix}:leader:token")
+    elected: list[int | None] = []
+    loop = LeaderLoop(make_lease("new"), on_elected=elected.append, used_token=lambda: used)
+    loop.step()
+    assert loop.is_leader() and elected == [2]  # not the 1 the deposed leader holds
+
+
+def test_a_fresh_token_is_kept_and_an_unreadable_store_does_not_block_election(
+    make_lease: Callable[..., RedisLease],
+) -> None:
+    elected: list[int | None] = []
+    loop = LeaderLoop(make_lease("a"), on_elected=elected.append, used_token=lambda: 0)
+    loop.step()
+    assert elected == [1]
+
+    def store_down() -> int | None:
+        raise ConnectionError("database unreachable")
+
+    other = make_lease("b")
+    loop.lease.release()
+    down = LeaderLoop(other, on_elected=elected.append, used_token=store_down)
+    down.step()
+    assert down.is_leader() and elected == [1, 2]
