@@ -21,8 +21,9 @@ servers than were free, is printed beside it: it judged 0-12% of trials.
 For the trials below 95%, two oracles that do not depend on the placer: did
 any legal layout exist for the job that queued at that moment (its EP groups
 inside pods, a pod holding free // ep of them), and could a clairvoyant
-placer have fit it by placing every arrival since churn stopped again (jobs a
-pod holds kept in one pod; exact, as the sizes are powers of two). When
+placer have fit it by placing every arrival since churn stopped again (a job
+some pod had room for when it arrived kept in one pod, any other as free EP
+groups; exact, as the sizes are powers of two). When
 neither, only the decisions made while jobs came and went could have helped.
 
 Bounds (exit 1 when missed):
@@ -332,9 +333,10 @@ def main() -> int:
     print("pods/min: pods a placed job spans over the fewest pods that could hold it")
     print("oracle <95%: of the trials below 95%, how many had a legal layout for the job")
     print("  that queued (EP groups inside pods) at that moment, and how many could have fit")
-    print("  it in hindsight: every arrival since churn stopped placed again, jobs a pod")
-    print("  holds kept in one pod, bigger ones as free EP groups (0 of n: no placement of")
-    print("  that phase could, only decisions while jobs came and went)")
+    print("  it in hindsight: every arrival since churn stopped placed again, a job some")
+    print("  pod had room for when it arrived kept in one pod, any other as free EP groups")
+    print("  (0 of n: no placement of that phase could, only decisions while jobs came and")
+    print("  went)")
     load_after = os.getloadavg()
     print(
         f"load average: before {' '.join(f'{x:.2f}' for x in load_before)}, "
