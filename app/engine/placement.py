@@ -161,7 +161,8 @@ def uplinks_free(cluster: Cluster, held: Mapping[str, float]) -> dict[str, int]:
 def expected_inc_use(
     cluster: Cluster, job: Job, placement: Placement, aggregator_free_gbps: Mapping[str, float]
 ) -> dict[str, float]:
-    """ToR -> Gb/s of aggregation the fabric controller would grant the placed job now.
+    """Switch -> Gb/s of aggregation the fabric controller would grant the placed job now
+    (ToRs, and pods for their spines' second level).
 
     The controller's own first choice (`collective.choose_collective` at NIC rate,
     against what other jobs leave free), so it is what the job's first fabric pass
@@ -209,9 +210,10 @@ class Placer:
             if use:
                 self.inc_use[job.job_id] = use
                 agg = self.aggregator_free_gbps
-                for tor_id, gbps in use.items():
-                    tor = cluster.tors_by_id[tor_id]
-                    agg[tor_id] = max(0.0, agg.get(tor_id, tor.aggregator_gbps) - gbps)
+                for switch, gbps in use.items():
+                    tor = cluster.tors_by_id.get(switch)
+                    if tor is not None:  # a pod's spine is not a placement input
+                        agg[switch] = max(0.0, agg.get(switch, tor.aggregator_gbps) - gbps)
         return result
 
 

@@ -279,6 +279,30 @@ def test_jobs_forcing_inc_back_to_back_each_get_an_idle_aggregator_while_one_is_
     assert all(len(t) == 1 for t in tors[:8]) and len(set().union(*tors[:8])) == 8
 
 
+def test_the_placer_counts_a_spine_grant_without_taking_it_for_a_tor() -> None:
+    """A DP group spanning ToRs of a pod is granted the pod's spine (the second level):
+    the placer counts the ToR part and leaves the spine, no placement input, alone."""
+    cluster = build_cluster(
+        "spines",
+        pods=2,
+        tors_per_pod=2,
+        servers_per_tor=2,
+        uplink_ports_per_pod=2,
+        oxcs=1,
+        oxc_ports=4,
+        pod_aggregator_gbps=1e6,
+    )
+    place = Placer({})
+    job = Job("wide", Parallelism(dp=4, pp=1), FACTS, collective=Collective.INC)
+    result = place(cluster, set(cluster.server_ids), job)
+    assert isinstance(result, Placement)
+    use = place.inc_use["wide"]
+    assert "pod-0" in use or "pod-1" in use  # the spine of the pod it spans
+    tors = {t.id for p in cluster.pods for t in p.tors}
+    assert set(place.aggregator_free_gbps) <= tors
+    assert all(place.aggregator_free_gbps[t] < 800.0 for t in use if t in tors)
+
+
 def test_a_job_the_free_servers_would_scatter_waits_for_a_compact_layout() -> None:
     """seed-15k, 300-job scale: fragmentation leaves one free server per pod and other
     jobs' slices hold most uplinks. A 4-server job would take one server in each of four
