@@ -326,6 +326,10 @@ def step(state: ControllerState, event: Event) -> tuple[ControllerState, tuple[D
             else "reconcile"
         )
         state, flushed = _apply_deferred(state, tuple(state.deferred), event.at_s, cause)
+        if isinstance(event, JobCompleted):  # no header for a job that is ending
+            flushed = tuple(
+                d for d in flushed if not (d.kind == "routing" and d.job_id == event.job_id)
+            )
         state, decisions = step(state, event)
         return state, flushed + decisions
     if isinstance(event, JobPlaced):
@@ -693,15 +697,23 @@ def _apply_deferred(
     )
     changed = _jobs_changed(state.desired, desired, changed_cross_connects(state.desired, desired))
     held_back = set(still) | {cc.job_id for cc in waiting}
-    fabric = state.fabric
-    routing = tuple(
-        Decision("routing", r.job_id, reason, routing=r)
-        for job_id in sorted(set(changed) - held_back)
-        if fabric is not None and (jf := fabric.job(job_id)) is not None
-        for r in jf.routing
-    )
     state = replace(state, desired=desired, pending=tuple(waiting), deferred=still)
-    return _record_installs(state, changed, at_s), decisions + routing
+    # each job's headers on the circuits it holds once this is installed: what was
+    # planned for it may since have been re-routed (a turn given while its circuits
+    # waited to go), so the plan's headers could name circuits this change removes
+    routing: list[Decision] = []
+    for job_id in sorted(set(changed) - held_back):
+        jf = state.job_fabric(job_id)
+        if jf is None:
+            continue
+        if jf.slice.mode != MODE_ELECTRICAL:  # (the core's headers name no circuit)
+            real = realised_circuits(state.cluster, (cc for cc in desired if cc.job_id == job_id))
+            fabric, _ = _with_circuits(state, jf, real)
+            state = replace(state, fabric=fabric)
+            jf = state.job_fabric(job_id)
+            assert jf is not None
+        routing += [Decision("routing", job_id, reason, routing=r) for r in jf.routing]
+    return _record_installs(state, changed, at_s), decisions + tuple(routing)
 
 
 def _jobs_changed(
@@ -1052,9 +1064,11 @@ def _rewire(
     desired = tuple(sorted(others + mapping.cross_connects, key=lambda cc: cc.key))
     changes = diff_cross_connects(mine, mapping.cross_connects)
     if not changes:
+        if not cycle.installs:
+            return state, ()
         cycles = dict(state.cycles)
         installs = cycle.installs[:-1] + (replace(cycle.installs[-1], target=target),)
-        cycles[jf.job_id] = replace(cycle, installs=installs) if cycle.installs else cycle
+        cycles[jf.job_id] = replace(cycle, installs=installs)
         return replace(state, cycles=cycles), ()
     decisions = [Decision("oxc", jf.job_id, "prediction", oxc=c) for c in changes]
     real = realised_circuits(cluster, mapping.cross_connects, jf.job_id)

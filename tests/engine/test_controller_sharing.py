@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.engine.cluster import build_cluster, preset
+from app.engine.cluster import Cluster, build_cluster, preset
 from app.engine.controller import (
     ControllerConfig,
     ControllerState,
@@ -356,3 +356,120 @@ def test_turns_on_one_port_per_pod_serve_every_sharer_and_end_when_they_can() ->
         view = network_view(state, job_id)
         assert view is not None and view.mode == "isolated"
         assert realised_circuits(ONE_PORT, state.desired, job_id).get(*wanted[job_id]) == 1
+
+
+def _hops_without_circuit(state: ControllerState, decisions: tuple) -> list[str]:  # type: ignore[type-arg]
+    """Hops of the step's last optical header per job and phase that no circuit of that
+    job in the desired state joins."""
+    where = port_pods(state.cluster)
+    last = {
+        (d.job_id, d.routing.phase): d.routing
+        for d in decisions
+        if d.kind == "routing" and d.routing is not None
+    }
+    bad = []
+    for (job_id, phase), header in last.items():
+        if header.layer != "optical":
+            continue
+        pairs = {
+            frozenset((where[(cc.oxc_id, cc.port_a)], where[(cc.oxc_id, cc.port_b)]))
+            for cc in state.desired
+            if cc.job_id == job_id
+        }
+        for route in header.routes:
+            for a, b in zip(route.path, route.path[1:], strict=False):
+                if frozenset((a, b)) not in pairs:
+                    bad.append(f"{job_id} {phase} {a}->{b}")
+    return bad
+
+
+# six pods of two uplinks on one OXC: most jobs across pods take turns
+SCARCE = build_cluster(
+    "scarce",
+    pods=6,
+    tors_per_pod=2,
+    servers_per_tor=2,
+    uplink_ports_per_pod=2,
+    oxcs=1,
+    oxc_ports=12,
+)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.data(), st.sampled_from([NARROW, SCARCE]))
+def test_headers_name_only_circuits_the_job_holds(data: st.DataObject, fabric: Cluster) -> None:
+    """Arrivals, completions, each job's phases in its own order at a steady pace (so
+    periods are learnt, changes wait for compute gaps and turns follow phases), clock
+    ticks and switch confirmations on a fabric with few ports: every routing header
+    the controller sends routes over circuits of that job in the state it leaves (a
+    sweep found headers re-sent over circuits a deferred change had just removed
+    from a job holding a turn)."""
+    from app.engine.controller import PhaseObserved, SwitchConfirmed
+
+    state = new_controller(fabric, CONFIG)
+    free = {p.id: [s.id for s in p.servers] for p in fabric.pods}
+    running: dict[str, tuple[list[str], Job, Placement]] = {}
+    sent: dict[str, int] = {}  # phases each job has reported
+    t = 0.0
+    for k in range(data.draw(st.integers(10, 80))):
+        t += data.draw(st.sampled_from([0.01, 0.1, 0.1, 0.1, 0.3]))
+        kind = data.draw(
+            st.sampled_from(["arrive", "end", "phase", "round", "round", "tick", "confirm"])
+        )
+        event: Event | None = None
+        if kind == "round":
+            # every running job reports its next phase, one after the other (as a
+            # collector batching what it saw does)
+            for job_id in sorted(running):
+                _, job, placement = running[job_id]
+                traffic = collective_traffic(
+                    fabric, job, placement, state_collective(state, job_id)
+                )
+                phases = [p for p in traffic if p.pod_demand.total_bytes]
+                if not phases:
+                    continue
+                n = sent.get(job_id, 0)
+                sent[job_id] = n + 1
+                t += 0.002
+                seen = PhaseObserved(job_id, phases[n % len(phases)].pod_demand, t, t + 0.001)
+                state, decisions = step(state, seen)
+                assert _hops_without_circuit(state, decisions) == [], (seen, decisions)
+            continue
+        if kind == "end" and running and data.draw(st.booleans()):
+            gone = data.draw(st.sampled_from(sorted(running)))
+            for s in running.pop(gone)[0]:
+                free[fabric.server(s).pod_id].append(s)
+            event = JobCompleted(gone, t)
+        elif kind == "phase" and running:
+            job_id = data.draw(st.sampled_from(sorted(running)))
+            _, job, placement = running[job_id]
+            traffic = collective_traffic(fabric, job, placement, state_collective(state, job_id))
+            phases = [p for p in traffic if p.pod_demand.total_bytes]
+            if phases:
+                n = sent.get(job_id, 0)
+                sent[job_id] = n + 1
+                event = PhaseObserved(job_id, phases[n % len(phases)].pod_demand, t, t + 0.001)
+        elif kind == "tick":
+            event = Tick(t)
+        elif kind == "confirm":
+            event = SwitchConfirmed(frozenset(cc.key for cc in state.desired), t)
+        elif kind == "arrive":
+            pods = data.draw(st.lists(st.sampled_from(sorted(free)), min_size=2, max_size=4))
+            servers = [free[p].pop() for p in pods if free[p]]
+            if len(set(fabric.server(s).pod_id for s in servers)) < 2 or len(servers) % 2:
+                for s in servers:
+                    free[fabric.server(s).pod_id].append(s)
+                continue
+            job, placement = _job(f"j{k}", servers, pp=data.draw(st.sampled_from([1, 2])))
+            running[job.job_id] = (servers, job, placement)
+            event = JobPlaced(job, placement, t)
+        if event is None:
+            continue
+        state, decisions = step(state, event)
+        assert _hops_without_circuit(state, decisions) == [], (event, decisions)
+
+
+def state_collective(state: ControllerState, job_id: str):  # type: ignore[no-untyped-def]
+    jf = state.fabric.job(job_id) if state.fabric is not None else None
+    assert jf is not None
+    return jf.collective
