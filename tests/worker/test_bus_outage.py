@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,20 +20,10 @@ from app.bus.errors import BusUnavailable
 from app.bus.messages import AdmitJob, Delivery
 from app.settings import Settings
 from app.store import Store
-from app.store.migrate import upgrade_to_head
-from app.wiring import Runtime, build_store
+from app.wiring import Runtime
 from app.worker import Worker
 from app.worker.metrics import WorkerMetrics
 from tests.worker.test_memory import SMALL, BlockedFabric, _submit, running
-
-
-@pytest.fixture()
-def store(tmp_path: Path) -> Iterator[Store]:
-    s = Settings(database_url=f"sqlite:///{tmp_path}/outage.db", cluster="small")
-    upgrade_to_head(s)
-    store = build_store(s)
-    yield store
-    store.dispose()
 
 
 class FlakyBus(InProcessBus):

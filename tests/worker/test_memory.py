@@ -12,7 +12,6 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -31,9 +30,7 @@ from app.southbound import InProcessDriver
 from app.store import PlacedCache, Store
 from app.store import tables as t
 from app.store.fabric_repository import ConfirmedOxc, FabricRepository, replace_desired
-from app.store.migrate import upgrade_to_head
 from app.store.traffic_repository import TrafficRepository
-from app.wiring import build_store
 from app.worker import Worker
 from app.worker.fabric_driver import FabricDriver, FabricPassResult
 from app.worker.metrics import WorkerMetrics
@@ -41,15 +38,6 @@ from app.worker.scheduler import schedule
 from app.worker.switch_controller import SwitchController
 
 SMALL = preset("small")
-
-
-@pytest.fixture()
-def store(tmp_path: Path) -> Iterator[Store]:
-    s = Settings(database_url=f"sqlite:///{tmp_path}/memory.db", cluster="small")
-    upgrade_to_head(s)
-    store = build_store(s)
-    yield store
-    store.dispose()
 
 
 def _submit(
