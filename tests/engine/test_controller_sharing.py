@@ -473,3 +473,67 @@ def state_collective(state: ControllerState, job_id: str):  # type: ignore[no-un
     jf = state.fabric.job(job_id) if state.fabric is not None else None
     assert jf is not None
     return jf.collective
+
+
+def test_a_change_made_in_a_turn_holders_gap_resends_headers_on_what_it_installs() -> None:
+    """Minimised from a sweep's run on six pods of two uplinks (`lightpath serve`, its
+    controller events recorded and replayed): j1-10's arrival makes all three jobs
+    take turns, and j1-9's circuits are to go in its next compute gap; the clock
+    then gives j1-9 the turn, on the circuits it still holds; at j1-9's next phase
+    the deferred change goes in and removes them. Its headers were re-sent as
+    routed for the turn, naming pod pairs it no longer had a circuit on."""
+    from app.engine.controller import PhaseObserved
+    from app.engine.job import ComputeTimes
+    from app.engine.traffic import DemandMatrix
+
+    cluster = build_cluster(
+        "scarce",
+        pods=6,
+        tors_per_pod=2,
+        servers_per_tor=2,
+        uplink_ports_per_pod=2,
+        oxcs=1,
+        oxc_ports=12,
+        pod_aggregator_gbps=1600.0,
+    )
+    facts = ModelFacts(7e9, 2.0, 5e7, 8)
+    compute = ComputeTimes(0.01, 0.02, 0.05)
+
+    def placed(job_id: str, dp: int, pp: int, servers: list[str], at_s: float) -> JobPlaced:
+        job = Job(job_id, Parallelism(dp=dp, pp=pp), facts, compute)
+        units = tuple(Unit(s, i // dp, i % dp, 0) for i, s in enumerate(servers))
+        return JobPlaced(job, Placement(job_id, units), at_s)
+
+    def srv(pod: int, tor: int, k: int) -> str:
+        return f"pod-{pod}/tor-{tor}/srv-{k}"
+
+    pp_phase = DemandMatrix(
+        ("pod-2", "pod-4", "pod-5"),
+        ((0.0, 6e8, 2e8), (6e8, 0.0, 2e8), (2e8, 2e8, 0.0)),
+    )
+    events: list[Event] = [
+        placed(
+            "j1-7",
+            5,
+            1,
+            [srv(0, 0, 0), srv(0, 0, 1), srv(0, 1, 0), srv(0, 1, 1), srv(3, 0, 0)],
+            0.0,
+        ),
+        placed(
+            "j1-9",
+            5,
+            2,
+            [srv(2, 0, 0), srv(2, 0, 1), srv(2, 1, 0), srv(2, 1, 1), srv(4, 0, 0)]
+            + [srv(4, 0, 1), srv(4, 1, 0), srv(4, 1, 1), srv(5, 0, 0), srv(5, 0, 1)],
+            8.115,
+        ),
+        PhaseObserved("j1-9", pp_phase, 9.185, 9.197),
+        PhaseObserved("j1-9", pp_phase, 9.438, 9.450),
+        placed("j1-10", 4, 1, [srv(3, 0, 1), srv(3, 1, 0), srv(3, 1, 1), srv(5, 1, 0)], 10.539),
+        Tick(13.061),
+        PhaseObserved("j1-9", pp_phase, 13.051, 13.064),
+    ]
+    state = new_controller(cluster, CONFIG)
+    for event in events:
+        state, decisions = step(state, event)
+        assert _hops_without_circuit(state, decisions) == [], event
