@@ -1154,18 +1154,28 @@ def _rotate_to(
     leaving = order[0]
     if head is None:
         return state, ()
-    others = tuple(cc for cc in state.desired if cc.job_id not in (leaving, head.job_id))
-    occupied = {(cc.oxc_id, p) for cc in others + state.pending for p in (cc.port_a, cc.port_b)}
-    old = tuple(cc for cc in state.desired if cc.job_id in (leaving, head.job_id))
+    pair = (leaving, head.job_id)
+    others = tuple(cc for cc in state.desired if cc.job_id not in pair)
+    # the ports other jobs' changes wait for stay theirs (the two jobs' own waiting
+    # changes are decided again here)
+    waiting = tuple(cc for cc in state.pending if cc.job_id not in pair)
+    occupied = {(cc.oxc_id, p) for cc in others + waiting for p in (cc.port_a, cc.port_b)}
+    old = tuple(cc for cc in state.desired if cc.job_id in pair)
     mapping = map_cross_connects(state.cluster, {head.job_id: head.plan.circuits}, old, occupied)
     desired = tuple(sorted(others + mapping.cross_connects, key=lambda cc: cc.key))
     decisions: list[Decision] = []
     for change in diff_cross_connects(old, mapping.cross_connects):
         decisions.append(Decision("oxc", None, "phase", oxc=change))
+    # a change still waiting for either job's compute gap was planned before this turn:
+    # what the two hold is decided here, so at that gap the holder keeps its turn's
+    # circuits (they avoid every port the waiting changes need) and the job leaving
+    # gets none back; the other jobs' waiting changes still go in then
+    pending = waiting + mapping.cross_connects if head.job_id in state.deferred else waiting
     state = replace(
         state,
         fabric=replace(fabric, time_division=rotated),
         desired=desired,
+        pending=pending,
         turn_started_s=at_s,
     )
     real = realised_circuits(state.cluster, mapping.cross_connects, head.job_id)

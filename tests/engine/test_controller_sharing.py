@@ -480,8 +480,9 @@ def test_a_change_made_in_a_turn_holders_gap_resends_headers_on_what_it_installs
     controller events recorded and replayed): j1-10's arrival makes all three jobs
     take turns, and j1-9's circuits are to go in its next compute gap; the clock
     then gives j1-9 the turn, on the circuits it still holds; at j1-9's next phase
-    the deferred change goes in and removes them. Its headers were re-sent as
-    routed for the turn, naming pod pairs it no longer had a circuit on."""
+    the deferred change went in and removed them: j1-9 held the turn with no
+    circuit, and its headers were re-sent as routed for the turn, naming pod pairs
+    it no longer had a circuit on. The turn now decides what its holder keeps."""
     from app.engine.controller import PhaseObserved
     from app.engine.job import ComputeTimes
     from app.engine.traffic import DemandMatrix
@@ -537,3 +538,13 @@ def test_a_change_made_in_a_turn_holders_gap_resends_headers_on_what_it_installs
     for event in events:
         state, decisions = step(state, event)
         assert _hops_without_circuit(state, decisions) == [], event
+    assert state.turn_order[0] == "j1-9" and not state.deferred and not state.pending
+    # the holder serves its phase on its turn's circuits: pods 2-4, 2-5 and 4-5
+    holder = state.job_fabric("j1-9")
+    assert holder is not None
+    assert sorted(holder.circuits.pairs()) == [
+        ("pod-2", "pod-4", 1),
+        ("pod-2", "pod-5", 1),
+        ("pod-4", "pod-5", 1),
+    ]
+    assert all(cc.job_id == "j1-9" for cc in state.desired)
