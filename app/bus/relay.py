@@ -11,6 +11,7 @@ from typing import Any
 
 from app.store import Store
 
+from .errors import BusUnavailable
 from .messages import Message, from_outbox
 
 log = logging.getLogger("lightpath.relay")
@@ -68,14 +69,27 @@ class OutboxRelay:
         self._wake.set()
 
     def _run(self) -> None:
+        bus_down = False
         while not self._stop.is_set():
             self._wake.wait(self.interval_s)
             self._wake.clear()
             try:
-                self.drain()
+                sent = self.drain()
+                if bus_down:
+                    log.warning("event bus reachable again; outbox relayed", extra={"sent": sent})
+                    bus_down = False
                 self._drains += 1
                 if self._drains % 600 == 0:
                     self.store.prune_outbox(dt.timedelta(hours=1))
+            except BusUnavailable as exc:
+                # the events wait in the outbox (committed); said once per outage
+                if not bus_down:
+                    log.warning(
+                        "event bus unavailable; events wait in the outbox",
+                        extra={"detail": str(exc)},
+                    )
+                    bus_down = True
+                self._stop.wait(1.0)
             except Exception:
                 log.exception("outbox relay pass failed; retrying")
                 self._stop.wait(1.0)

@@ -435,8 +435,11 @@ class Store:
         if publish is not None:
             try:
                 publish(event)
-            except Exception:
-                log.warning("AdmitJob not sent; left to the relay", exc_info=True)
+            except Exception as exc:  # the bus's errors say what failed; no traceback
+                log.warning(
+                    "AdmitJob not sent; left to the relay",
+                    extra={"error": f"{type(exc).__name__}: {exc}"},
+                )
                 with self.write_engine.begin() as conn:
                     add_outbox(conn, "jobs", event, now)
         record = JobRecord(

@@ -71,3 +71,40 @@ def test_a_failed_send_leaves_the_event_to_the_relay_and_pauses_direct_sends(
     assert relay.drain() == 1
     assert [d.message for d in bus.consume(0.1)] == [AdmitJob("j2")]
     assert _unpublished(store) == []
+
+
+def test_the_relay_says_once_that_the_bus_is_down_and_once_that_it_is_back(
+    store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An outage used to log a traceback every second from the relay's thread."""
+    import time
+
+    from app.bus.errors import BusUnavailable
+
+    bus = InProcessBus()
+    down = True
+
+    def publish(message: Any) -> None:
+        if down:
+            raise BusUnavailable("publish: redis unavailable: connection refused")
+        bus.publish(message)
+
+    relay = OutboxRelay(store, publish, interval_s=0.02)
+    _submit(store, "j3", None)  # left to the relay
+    with caplog.at_level("DEBUG", logger="lightpath.relay"):
+        relay.start()
+        try:
+            time.sleep(2.5)  # two or three failed passes (each waits 1 s after failing)
+            down = False
+            deadline = time.monotonic() + 5
+            while _unpublished(store) and time.monotonic() < deadline:
+                time.sleep(0.05)
+        finally:
+            relay.stop()
+    assert _unpublished(store) == []
+    said = [r.getMessage() for r in caplog.records if r.name == "lightpath.relay"]
+    assert said == [
+        "event bus unavailable; events wait in the outbox",
+        "event bus reachable again; outbox relayed",
+    ]
+    assert all(r.exc_info is None for r in caplog.records if r.name == "lightpath.relay")

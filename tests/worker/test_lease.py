@@ -270,3 +270,19 @@ def test_a_fresh_token_is_kept_and_an_unreadable_store_does_not_block_election(
     down = LeaderLoop(other, on_elected=elected.append, used_token=store_down)
     down.step()
     assert down.is_leader() and elected == [1, 2]
+
+
+def test_an_unreachable_lease_store_is_reported_once_per_outage(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A standby retries every ttl/3: an outage used to log a warning each time."""
+    lease = RedisLease("redis://127.0.0.1:1/15", "unreachable:leader", holder="x", ttl_s=TTL_S)
+    try:
+        with caplog.at_level("DEBUG", logger="lightpath.lease"):
+            assert not lease.try_acquire()
+            assert not lease.try_acquire()
+            assert not lease.try_acquire()
+        warned = [r for r in caplog.records if r.levelname == "WARNING"]
+        assert [r.getMessage() for r in warned] == ["lease acquire failed"]
+    finally:
+        lease.close()
