@@ -13,6 +13,7 @@ from app.store import Store
 
 from .errors import BusUnavailable
 from .messages import Message, from_outbox
+from .outage import OutageLog
 
 log = logging.getLogger("lightpath.relay")
 
@@ -69,26 +70,21 @@ class OutboxRelay:
         self._wake.set()
 
     def _run(self) -> None:
-        bus_down = False
+        outage = OutageLog(
+            log,
+            "event bus unavailable; events wait in the outbox",  # committed: nothing is lost
+            "event bus reachable again; outbox relayed",
+        )
         while not self._stop.is_set():
             self._wake.wait(self.interval_s)
             self._wake.clear()
             try:
-                sent = self.drain()
-                if bus_down:
-                    log.warning("event bus reachable again; outbox relayed", extra={"sent": sent})
-                    bus_down = False
+                outage.ok(sent=self.drain())
                 self._drains += 1
                 if self._drains % 600 == 0:
                     self.store.prune_outbox(dt.timedelta(hours=1))
             except BusUnavailable as exc:
-                # the events wait in the outbox (committed); said once per outage
-                if not bus_down:
-                    log.warning(
-                        "event bus unavailable; events wait in the outbox",
-                        extra={"detail": str(exc)},
-                    )
-                    bus_down = True
+                outage.failed(exc)
                 self._stop.wait(1.0)
             except Exception:
                 log.exception("outbox relay pass failed; retrying")

@@ -36,6 +36,8 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from app.bus.outage import OutageLog
+
 log = logging.getLogger("lightpath.lease")
 
 _CONNECT_TIMEOUT_S = 1.0
@@ -175,7 +177,7 @@ class RedisLease:
         self._value: str | None = None  # what we wrote into the key, while it may be ours
         self._token: int | None = None
         self._valid_until = 0.0  # time.monotonic() after which the key may have expired
-        self._unreachable = False  # Redis failed the last call (said once per outage)
+        self._outage = OutageLog(log, "lease store unreachable", "lease store reachable again")
 
     @property
     def ttl_ms(self) -> int:
@@ -218,9 +220,9 @@ class RedisLease:
                     keys=[self.name, self.token_key], args=[self.holder, self.ttl_ms]
                 )
             except redis.RedisError as exc:
-                self._failed("acquire", exc)
+                self._outage.failed(exc, lease=self.name, action="acquire")
                 return False
-            self._reachable()
+            self._outage.ok(lease=self.name)
             if token is None:
                 return False
             self._token = int(token)
@@ -297,9 +299,9 @@ class RedisLease:
             # but keep our value so a later try_acquire can extend it with the same token
             # if nobody took over meanwhile.
             self._valid_until = 0.0
-            self._failed("renew", exc)
+            self._outage.failed(exc, lease=self.name, action="renew")
             return False
-        self._reachable()
+        self._outage.ok(lease=self.name)
         if not extended:
             log.warning(
                 "lease lost",
@@ -309,17 +311,6 @@ class RedisLease:
             return False
         self._valid_until = sent_at + self._safe_ttl_s()
         return True
-
-    def _failed(self, action: str, exc: redis.RedisError) -> None:
-        """A call to Redis failed: a warning for the first of an outage, debug after."""
-        level = logging.DEBUG if self._unreachable else logging.WARNING
-        self._unreachable = True
-        log.log(level, f"lease {action} failed", extra={"lease": self.name, "error": str(exc)})
-
-    def _reachable(self) -> None:
-        if self._unreachable:
-            self._unreachable = False
-            log.warning("lease store reachable again", extra={"lease": self.name})
 
     def _safe_ttl_s(self) -> float:
         return self.ttl_s - (self.ttl_s * _DRIFT_FACTOR + _DRIFT_FLOOR_S)

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from app.bus.errors import BusUnavailable
 from app.bus.messages import AdmitJob, CompleteJob, Delivery, JobsChanged, Message, ReportTraffic
+from app.bus.outage import OutageLog
 from app.engine.cluster import Cluster
 from app.engine.job_lease import expired_leases
 from app.settings import Settings
@@ -257,25 +258,22 @@ class Worker:
         )
         fabric.start()
         backoff_s = 0.1
-        bus_down = False
+        # messages are only wake-ups: without them every tick still acts on the durable
+        # state, and what was published meanwhile is taken when the bus is back
+        outage = OutageLog(
+            log,
+            "event bus unavailable; acting on the database every tick",
+            "event bus reachable again; taking messages",
+        )
         while not stop.is_set():
             if not is_leader():
                 stop.wait(self.settings.worker_tick_s)  # a standby takes no messages
                 continue
             try:
                 deliveries = self.bus.consume(self.settings.worker_tick_s)
-                if bus_down:
-                    log.warning("event bus reachable again; taking messages")
-                    bus_down = False
+                outage.ok()
             except BusUnavailable as exc:
-                # messages are only wake-ups: without them every tick still acts on the
-                # durable state, and what was published meanwhile is taken when it is back
-                if not bus_down:
-                    log.warning(
-                        "event bus unavailable; acting on the database every tick",
-                        extra={"detail": str(exc)},
-                    )
-                    bus_down = True
+                outage.failed(exc)
                 stop.wait(self.settings.worker_tick_s)
                 deliveries = []
             try:

@@ -283,6 +283,7 @@ def test_an_unreachable_lease_store_is_reported_once_per_outage(
             assert not lease.try_acquire()
             assert not lease.try_acquire()
         warned = [r for r in caplog.records if r.levelname == "WARNING"]
-        assert [r.getMessage() for r in warned] == ["lease acquire failed"]
+        assert [r.getMessage() for r in warned] == ["lease store unreachable"]
+        assert len([r for r in caplog.records if r.levelname == "DEBUG"]) == 2
     finally:
         lease.close()
