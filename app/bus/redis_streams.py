@@ -42,6 +42,7 @@ from redis.retry import Retry
 
 from .errors import BusError, BusUnavailable
 from .messages import Delivery, JobsChanged, Message, decode, encode
+from .outage import OutageLog
 
 log = logging.getLogger("lightpath.bus")
 
@@ -136,6 +137,7 @@ class RedisStreamsBus:
         self._listen_thread: threading.Thread | None = None
         self._subscribed = threading.Event()
         self._closing = threading.Event()
+        self._notices = OutageLog(log, "change notices dropped", "change notices sent again")
 
     # -- commands -------------------------------------------------------------------
 
@@ -246,7 +248,9 @@ class RedisStreamsBus:
             with _translated("announce"):
                 self._redis.publish(self.changes_channel, encode(change))
         except BusUnavailable as exc:
-            log.warning("change notice dropped", extra={"detail": str(exc)})
+            self._notices.failed(exc)
+        else:
+            self._notices.ok()
 
     def listen(self, listener: Callable[[JobsChanged], None]) -> None:
         """Call `listener` from a daemon thread for every notice on the changes channel.
