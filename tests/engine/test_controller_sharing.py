@@ -314,8 +314,9 @@ def test_a_kept_cross_connect_does_not_strand_a_sharers_circuit() -> None:
     assert len(ports) == len(set(ports))
 
 
-ONE_PORT = build_cluster(
-    "one-port",
+# (the fabric above is two pods joined by one port; this one has four pods)
+ONE_PORT_PER_POD = build_cluster(
+    "one-port-per-pod",
     pods=4,
     tors_per_pod=2,
     servers_per_tor=4,
@@ -330,11 +331,11 @@ def test_turns_on_one_port_per_pod_serve_every_sharer_and_end_when_they_can() ->
     turns, each turn joins the ports its holder needs (before, the pool held only the
     newcomer's circuit, so the others' turns brought nothing); when it completes, the
     two left on disjoint pods hold their circuits again (before, they kept swapping)."""
-    a = _job("cA", _on(ONE_PORT, [0, 1], 0, 2))
-    b = _job("cB", _on(ONE_PORT, [2, 3], 0, 2))
-    d = _job("cD", _on(ONE_PORT, [1, 3], 2, 2))
+    a = _job("cA", _on(ONE_PORT_PER_POD, [0, 1], 0, 2))
+    b = _job("cB", _on(ONE_PORT_PER_POD, [2, 3], 0, 2))
+    d = _job("cD", _on(ONE_PORT_PER_POD, [1, 3], 2, 2))
     events: list[Event] = [JobPlaced(*j, at_s=0.1 * k) for k, j in enumerate((a, b, d))]
-    state = _run(new_controller(ONE_PORT, CONFIG), events)
+    state = _run(new_controller(ONE_PORT_PER_POD, CONFIG), events)
     assert sorted(state.turn_order) == ["cA", "cB", "cD"]
     for job_id in state.turn_order:
         view = network_view(state, job_id)
@@ -347,7 +348,7 @@ def test_turns_on_one_port_per_pod_serve_every_sharer_and_end_when_they_can() ->
         state, _ = step(state, Tick(t))
         head = state.turn_order[0]
         heads.add(head)
-        held = realised_circuits(ONE_PORT, state.desired, head)
+        held = realised_circuits(ONE_PORT_PER_POD, state.desired, head)
         assert held.get(*wanted[head]) == 1, (head, held.pairs())
     assert heads == {"cA", "cB", "cD"}
     state, _ = step(state, JobCompleted("cD", t + 1.0))
@@ -355,7 +356,7 @@ def test_turns_on_one_port_per_pod_serve_every_sharer_and_end_when_they_can() ->
     for job_id in ("cA", "cB"):
         view = network_view(state, job_id)
         assert view is not None and view.mode == "isolated"
-        assert realised_circuits(ONE_PORT, state.desired, job_id).get(*wanted[job_id]) == 1
+        assert realised_circuits(ONE_PORT_PER_POD, state.desired, job_id).get(*wanted[job_id]) == 1
 
 
 def _hops_without_circuit(state: ControllerState, decisions: tuple) -> list[str]:  # type: ignore[type-arg]
@@ -392,6 +393,7 @@ SCARCE = build_cluster(
     uplink_ports_per_pod=2,
     oxcs=1,
     oxc_ports=12,
+    pod_aggregator_gbps=1600.0,
 )
 
 
@@ -487,16 +489,6 @@ def test_a_change_made_in_a_turn_holders_gap_resends_headers_on_what_it_installs
     from app.engine.job import ComputeTimes
     from app.engine.traffic import DemandMatrix
 
-    cluster = build_cluster(
-        "scarce",
-        pods=6,
-        tors_per_pod=2,
-        servers_per_tor=2,
-        uplink_ports_per_pod=2,
-        oxcs=1,
-        oxc_ports=12,
-        pod_aggregator_gbps=1600.0,
-    )
     facts = ModelFacts(7e9, 2.0, 5e7, 8)
     compute = ComputeTimes(0.01, 0.02, 0.05)
 
@@ -534,7 +526,7 @@ def test_a_change_made_in_a_turn_holders_gap_resends_headers_on_what_it_installs
         Tick(13.061),
         PhaseObserved("j1-9", pp_phase, 13.051, 13.064),
     ]
-    state = new_controller(cluster, CONFIG)
+    state = new_controller(SCARCE, CONFIG)
     for event in events:
         state, decisions = step(state, event)
         assert _hops_without_circuit(state, decisions) == [], event
