@@ -82,6 +82,12 @@ class MemorySetup:
     # Micro-batches whose activations the first stage holds; None: pp (1F1B). GPipe
     # holds all of the iteration's micro-batches (`in_flight` computes it).
     microbatches_in_flight: int | None = None
+    # The job's stated pipeline-boundary activation (`model.activation_bytes`): one
+    # micro-batch of `stage_input_microbatch` samples entering a stage. Every layer
+    # keeps at least its input for the backward pass, so with or without the layer
+    # facts a GPU holds at least this / tp per layer and micro-batch in flight.
+    stage_input_bytes: float | None = None
+    stage_input_microbatch: int = 1
 
     def __post_init__(self) -> None:
         if self.parameters <= 0 or self.bytes_per_parameter <= 0:
@@ -95,6 +101,11 @@ class MemorySetup:
     def knows_activations(self) -> bool:
         """Whether hidden size, layers and sequence length are all known."""
         return None not in (self.hidden_size, self.num_layers, self.seq_len)
+
+    @property
+    def activations_grow(self) -> bool:
+        """Whether anything known about the activations grows with the micro-batch."""
+        return self.knows_activations or bool(self.stage_input_bytes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,7 +214,21 @@ def memory_bytes(setup: MemorySetup, microbatch: int) -> MemoryBreakdown:
             activations = kept * layers_per_stage * in_flight + full_layer
         else:
             activations = full_layer * layers_per_stage * in_flight
-    return MemoryBreakdown(round(fixed), round(activations), round(grads))
+    return MemoryBreakdown(
+        round(fixed), round(max(activations, _stage_inputs(setup, microbatch))), round(grads)
+    )
+
+
+def _stage_inputs(setup: MemorySetup, microbatch: int) -> float:
+    """The least the first stage's GPU keeps of the stated boundary activation: every
+    layer's input (one layer when the layer count is unknown), a tp-th of it (the
+    sequence-parallel shard), for each micro-batch in flight."""
+    if not setup.stage_input_bytes:
+        return 0.0
+    layers = math.ceil(setup.num_layers / setup.pp) if setup.num_layers else 1
+    per_sample = setup.stage_input_bytes / setup.stage_input_microbatch
+    flight = setup.microbatches_in_flight or setup.pp
+    return per_sample * microbatch / setup.tp * layers * flight
 
 
 def in_flight(schedule: PipelineSchedule, pp: int, microbatches: int | None) -> int:
@@ -227,9 +252,8 @@ def max_microbatch(
     first = memory_bytes(setup, 1)
     if first.total > gpu_memory_bytes:
         return BatchAdvice(0, first, False)
-    if not setup.knows_activations:
-        # Nothing in M depends on b: any micro-batch fits as far as the model can tell.
-        return BatchAdvice(limit, memory_bytes(setup, limit), True)
+    if not setup.activations_grow:
+        raise ValueError("nothing known of the activations: M(b) does not depend on b")
     lo, hi = 1, limit  # invariant: M(lo) fits; find the last fitting b by bisection
     if memory_bytes(setup, hi).total <= gpu_memory_bytes:
         return BatchAdvice(hi, memory_bytes(setup, hi), True)
@@ -267,6 +291,8 @@ def setup_for_job(job: Job, *, tp: int, zero_stage: int = 0) -> MemorySetup | No
         ep=par.ep,
         zero_stage=zero_stage,
         microbatches_in_flight=flight,
+        stage_input_bytes=model.activation_bytes,
+        stage_input_microbatch=model.microbatch_size or 1,
     )
 
 

@@ -39,7 +39,8 @@ def test_numbers_must_be_json_numbers(server: LiveServer) -> None:
     """true is not 1 and "1e9" is not 1e9: `"lease_s": true` once became a one-second
     lease, and the job was failed as lease_expired a second after placement."""
     job: dict[str, Any] = {"job_id": "typed", "parallelism": {"dp": 1, "pp": 1}}
-    advice = {"model": {"parameters": 7e9}, "parallelism": {}, "gpu_memory_bytes": 8e10}
+    model = {"parameters": 7e9, "hidden_size": 4096, "num_layers": 32, "seq_len": 2048}
+    advice = {"model": model, "parallelism": {}, "gpu_memory_bytes": 8e10}
     pair = ["pod-0/tor-0/srv-0", "pod-1/tor-0/srv-0"]
     with server.client() as c:
         for field, value in (

@@ -231,6 +231,40 @@ def test_batch_size_advice_and_memory_admission(server: LiveServer) -> None:
             },
         )
         assert example.status_code in (201, 202), example.text
+        # 10 TB of boundary activation per micro-batch: refused on that alone
+        boundary = c.post(
+            "/v1/jobs",
+            json={
+                "job_id": "oom4",
+                "parallelism": {"dp": 1, "pp": 1},
+                "model": {"parameters": 1e9, "activation_bytes": 1e13, "microbatches": 1000000},
+            },
+        )
+        assert boundary.status_code == 422, boundary.text
+        body = boundary.json()
+        assert body["memory_bytes"]["activations"] >= 1e13 / 8
+        assert [e["field"] for e in body["errors"]] == ["body.model"]
+        assert c.get("/v1/jobs/oom4").status_code == 404
+        never = c.post("/v1/jobs", json={"job_id": "nf", "parallelism": {"dp": 10_000, "pp": 1}})
+        assert never.status_code == 422
+        assert never.json()["errors"][0]["field"] == "body.parallelism"
+
+
+def test_advice_needs_facts_that_grow_with_the_micro_batch(server: LiveServer) -> None:
+    """Without hidden size, layers and sequence length nothing in M(b) grows with b:
+    the largest micro-batch is unknown (it used to answer 65,536), a 422 naming them."""
+    model = {"parameters": 7e9, "hidden_size": 4096}
+    body = {"model": model, "parallelism": {"tp": 8}, "gpu_memory_bytes": 8e10}
+    with server.client() as c:
+        r = c.post("/v1/advice/batch-size", json=body)
+        assert r.status_code == 422, r.text
+        assert r.headers["content-type"].startswith("application/problem+json")
+        fields = [e["field"] for e in r.json()["errors"]]
+        assert fields == ["body.model.num_layers", "body.model.seq_len"]
+        # a model that cannot fit even at b = 1 is still answered
+        r = c.post("/v1/advice/batch-size", json={**body, "model": {"parameters": 1e12}})
+        assert r.status_code == 200, r.text
+        assert r.json()["fits"] is False and r.json()["max_microbatch"] == 0
 
 
 def test_a_retried_batch_with_the_same_key_is_stored_once(server: LiveServer) -> None:

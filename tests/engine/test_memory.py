@@ -228,3 +228,53 @@ def test_admission_judges_the_stated_schedule() -> None:
     assert g is not None and o is not None
     assert g.memory_bytes.activations == 16 * o.memory_bytes.activations
     assert o.fits and not g.fits
+
+
+def test_a_stated_boundary_activation_is_the_least_a_stage_holds() -> None:
+    """Without the layer facts the stated `activation_bytes` still counts: every
+    micro-batch in flight keeps at least its input (a tp-th per GPU); 10 TB of it
+    per micro-batch was admitted when only the layer facts were counted."""
+    par = Parallelism(dp=1, pp=1)
+    huge = Job("huge", par, model=ModelFacts(parameters=1e9, activation_bytes=1e13))
+    check = check_job_memory(huge, 80 * GIB, tp=8)
+    assert check is not None and not check.fits
+    assert check.memory_bytes.activations == pytest.approx(1e13 / 8, rel=1e-9)
+    # the contract's example: 48 MiB boundary, 16 micro-batches of GPipe at pp=4
+    example = Job(
+        "gpt3-175b-7",
+        Parallelism(dp=8, pp=4),
+        model=ModelFacts(parameters=175e9, activation_bytes=50_331_648, microbatches=16),
+    )
+    check = check_job_memory(example, 80 * GIB, tp=8)
+    assert check is not None and check.fits
+    assert check.memory_bytes.activations == pytest.approx(50_331_648 / 8 * 16, rel=1e-9)
+    one_f = dataclasses.replace(example, schedule=PipelineSchedule.ONE_F_ONE_B)
+    check = check_job_memory(one_f, 80 * GIB, tp=8)
+    assert check is not None
+    assert check.memory_bytes.activations == pytest.approx(50_331_648 / 8 * 4, rel=1e-9)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    boundary=st.floats(1e6, 1e10),
+    layers=st.integers(1, 96),
+    pp=st.integers(1, 8),
+    checkpointing=st.booleans(),
+)
+def test_the_layer_model_never_counts_less_than_the_stated_inputs(
+    boundary: float, layers: int, pp: int, checkpointing: bool
+) -> None:
+    facts = MemorySetup(
+        parameters=7e9,
+        hidden_size=4096,
+        num_layers=layers,
+        seq_len=2048,
+        tp=8,
+        pp=pp,
+        activation_checkpointing=checkpointing,
+        microbatches_in_flight=pp,
+    )
+    stated = dataclasses.replace(facts, stage_input_bytes=boundary)
+    with_inputs = memory_bytes(stated, 2).activations
+    assert with_inputs >= memory_bytes(facts, 2).activations
+    assert with_inputs >= boundary * 2 / 8 * -(-layers // pp) * pp - 1

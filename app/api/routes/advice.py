@@ -17,6 +17,7 @@ from app.engine.memory import (
     check_job_memory,
     in_flight,
     max_microbatch,
+    memory_bytes,
 )
 
 from ..deps import Services, ServicesDep, require
@@ -55,7 +56,9 @@ async def advise_batch_size(
     When even b = 1 does not fit, `fits` is false, `max_microbatch` 0 and the
     breakdown is that of b = 1. Activations follow the pipeline `schedule`:
     GPipe (the default) holds every micro-batch of the iteration in flight, 1F1B
-    at most pp.
+    at most pp. Needs `model.hidden_size`, `num_layers` and `seq_len` (422 naming the
+    missing ones): without them nothing in M(b) grows with b, unless even b = 1 does
+    not fit.
     """
     m, par = body.model, body.parallelism
     setup = MemorySetup(
@@ -75,6 +78,26 @@ async def advise_batch_size(
         microbatches_in_flight=in_flight(PipelineSchedule(body.schedule), par.pp, m.microbatches),
     )
     with numbers_in_range():
+        if not setup.activations_grow and memory_bytes(setup, 1).total <= body.gpu_memory_bytes:
+            missing = [f for f in ("hidden_size", "num_layers", "seq_len") if getattr(m, f) is None]
+            raise Problem(
+                422,
+                "Activation size unknown",
+                "the model fits at any micro-batch as far as its stated facts go: state "
+                + ", ".join(f"model.{f}" for f in missing)
+                + " so that activations (which grow with the micro-batch) can be counted",
+                kind="validation",
+                extra={
+                    "errors": [
+                        {
+                            "field": f"body.model.{f}",
+                            "message": "needed for advice",
+                            "type": "missing",
+                        }
+                        for f in missing
+                    ]
+                },
+            )
         advice = max_microbatch(setup, body.gpu_memory_bytes)
     return JSONResponse(
         {
@@ -105,6 +128,9 @@ def refuse_if_out_of_memory(services: Services, job: Job) -> None:
         kind="out-of-memory",
         extra={
             "reasons": list(check.reasons),
+            "errors": [
+                {"field": "body.model", "message": check.reasons[0], "type": "out_of_memory"}
+            ],
             "memory_bytes": check.memory_bytes.as_dict(),
             "gpu_memory_bytes": gpu_memory,
             "microbatch": check.microbatch,

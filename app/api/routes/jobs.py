@@ -198,6 +198,10 @@ async def submit_job(
             kind="never-fits",
             extra={
                 "reasons": list(reasons),
+                "errors": [
+                    {"field": "body.parallelism", "message": r, "type": "never_fits"}
+                    for r in reasons
+                ],
                 "servers_needed": engine_job.servers_needed,
                 "cluster_servers": services.cluster.server_count,
             },
