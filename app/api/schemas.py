@@ -107,6 +107,12 @@ class JobOut(BaseModel):
     schedule: Schedule = Field("gpipe", description=SCHEDULE_DESCRIPTION)
 
 
+class EmptyIn(StrictModel):
+    """The body of `complete` and `heartbeat`: none, or `{}`."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{}]})
+
+
 class FailIn(StrictModel):
     """`POST /v1/jobs/{job_id}/fail`: the launcher's command failed."""
 

@@ -95,6 +95,25 @@ def test_a_body_not_sent_as_json_is_415_and_json_with_parameters_is_read(
         assert r.status_code in (201, 202), r.text
 
 
+def test_complete_and_heartbeat_take_no_body_or_an_empty_object(server: LiveServer) -> None:
+    """They used to ignore whatever was sent: junk and unknown fields answered 200."""
+    job = {"job_id": "beat", "parallelism": {"dp": 1, "pp": 1}, "lease_s": 60}
+    json_type = {"content-type": "application/json"}
+    with server.client() as c:
+        assert c.post("/v1/jobs", json=job).status_code in (201, 202)
+        for verb in ("heartbeat", "complete"):
+            path = f"/v1/jobs/beat/{verb}"
+            r = c.post(path, content=b"junk", headers=json_type)
+            assert r.status_code == 400 and r.json()["type"].endswith("/malformed-json"), r.text
+            r = c.post(path, json={"x": 1})
+            assert r.status_code == 422 and r.json()["errors"][0]["field"] == "body.x", r.text
+            assert c.get("/v1/jobs/beat").json()["state"] == "placed"
+        assert c.post("/v1/jobs/beat/heartbeat", json={}).status_code == 200
+        assert c.post("/v1/jobs/beat/heartbeat").status_code == 200
+        assert c.post("/v1/jobs/beat/complete", json={}).status_code == 200
+        assert c.post("/v1/jobs/beat/complete").json()["state"] == "completed"
+
+
 def test_nan_in_numbers_is_refused(server: LiveServer) -> None:
     raw = b'{"job_id": "n", "parallelism": {"dp": 1, "pp": 1}, "model": {"parameters": NaN}}'
     with server.client() as c:

@@ -31,7 +31,7 @@ from app.store import JobRecord
 
 from ..deps import Services, ServicesDep, require
 from ..problems import Problem
-from ..schemas import FailIn, JobListOut, JobOut
+from ..schemas import EmptyIn, FailIn, JobListOut, JobOut
 from ..waiters import Watch
 from .advice import refuse_if_out_of_memory
 
@@ -396,10 +396,12 @@ async def complete_job(
     request: Request,
     services: ServicesDep,
     scope: Annotated[Any, require("launcher")],
+    _body: Annotated[EmptyIn | None, Body()] = None,
 ) -> JSONResponse:
     """Free the placed job's servers, ports and aggregators and let queued jobs in.
 
-    Idempotent. A queued job cannot complete (409: cancel it with DELETE).
+    Idempotent. A queued job cannot complete (409: cancel it with DELETE). No body,
+    or `{}` (malformed JSON 400, fields 422).
     """
     return await _end(
         services, request, scope, job_id, JobState.COMPLETED, from_states=(JobState.PLACED,)
@@ -463,9 +465,11 @@ async def heartbeat_job(
     request: Request,
     services: ServicesDep,
     scope: Annotated[Any, require("launcher")],
+    _body: Annotated[EmptyIn | None, Body()] = None,
 ) -> JSONResponse:
     """Renews `lease_s` from now. 409 once the job ended (e.g. its lease ran out, or an operator
-    cancelled it): the launcher should stop its command."""
+    cancelled it): the launcher should stop its command. No body, or `{}` (malformed JSON
+    400, fields 422)."""
     await _check_owner(services, request, scope, job_id)
     record = await run_in_threadpool(services.store.heartbeat_job, job_id)
     services.read_cache.invalidate([job_id])
