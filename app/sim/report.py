@@ -103,14 +103,14 @@ def summarize(result: SimResult) -> dict[str, Any]:
         "makespan_s": makespan,
         # compute GPU-seconds over cluster GPU-seconds across the makespan
         "gpu_utilization": (
-            result.compute_gpu_s / (result.cluster_gpus * makespan) if makespan > 0 else 0.0
+            result.compute_gpu_s / (result.cluster_gpus * makespan) if makespan > 0 else None
         ),
         "mean_jct_s": (
             sum(j.end_s - j.arrival_s for j in done if j.end_s is not None) / len(done)
             if done
-            else 0.0
+            else None
         ),
-        "mean_iteration_slowdown": sum(slowdowns) / len(slowdowns) if slowdowns else 0.0,
+        "mean_iteration_slowdown": sum(slowdowns) / len(slowdowns) if slowdowns else None,
         "reconfigurations": sum(j.reconfigurations for j in done),
         "exposed_reconfig_s": sum(j.exposed_s for j in done),
         "prediction_hits": sum(j.hits for j in done),
@@ -126,18 +126,18 @@ def summarize(result: SimResult) -> dict[str, Any]:
         "exposed_share_of_communication_after_warmup": (
             exposed_after / comm_after if comm_after > 0 else 0.0
         ),
-        "max_iteration_slowdown": max(slowdowns, default=0.0),
+        "max_iteration_slowdown": max(slowdowns, default=None),
         "steady_utilization": steady_utilization(result),
         "steady_window_s": steady_window(result)[1] - steady_window(result)[0],
         "steady_running_jobs": steady_running_jobs(result),
-        "p99_iteration_slowdown": _percentile(slowdowns, 0.99),
+        "p99_iteration_slowdown": _percentile(slowdowns, 0.99) if slowdowns else None,
         "mean_queueing_delay_s": (
             sum(j.start_s - j.arrival_s for j in done if j.start_s is not None) / len(done)
             if done
-            else 0.0
+            else None
         ),
         "mean_network_share": (
-            sum(shares) / len(shares) if (shares := [_share(j) for j in done]) else 0.0
+            sum(shares) / len(shares) if (shares := [_share(j) for j in done]) else None
         ),
         "jobs_stalled": sum(1 for j in result.jobs if j.stalled),
         # admitted but still queued when the run ended (behind a job that never ends):
@@ -331,10 +331,10 @@ def write_comparison_plot(summaries: Sequence[dict[str, Any]], path: Path) -> Pa
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
     names = [s["policy"] for s in summaries]
-    a.bar(names, [s["gpu_utilization"] for s in summaries])
+    a.bar(names, [s["gpu_utilization"] or 0 for s in summaries])  # None: nothing ran
     a.set_ylabel("GPU utilisation")
     a.tick_params(axis="x", rotation=30)
-    b.bar(names, [s["mean_iteration_slowdown"] for s in summaries])
+    b.bar(names, [s["mean_iteration_slowdown"] or 0 for s in summaries])
     b.set_ylabel("mean iteration slowdown")
     b.tick_params(axis="x", rotation=30)
     fig.suptitle("Policy comparison")
@@ -352,10 +352,10 @@ def comparison(summaries: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """comparison.json: every policy's summary, and each one relative to ideal."""
     ideal = next((s for s in summaries if s["policy"] == "ideal"), None)
     relative = {}
-    if ideal is not None and ideal["gpu_utilization"] > 0:
+    if ideal is not None and (ideal["gpu_utilization"] or 0) > 0:
         for s in summaries:
             relative[s["policy"]] = {
-                "gpu_utilization_vs_ideal": s["gpu_utilization"] / ideal["gpu_utilization"],
+                "gpu_utilization_vs_ideal": (s["gpu_utilization"] or 0) / ideal["gpu_utilization"],
                 "makespan_vs_ideal": (
                     s["makespan_s"] / ideal["makespan_s"] if ideal["makespan_s"] else None
                 ),
