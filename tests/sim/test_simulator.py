@@ -190,3 +190,48 @@ def test_a_run_whose_queue_never_builds_reports_no_steady_utilisation_not_zero()
     text = console.export_text()
     assert NO_STEADY_WINDOW.split(";")[0] in " ".join(text.split())
     assert "0.00" not in text.split("ideal")[1].split("│")[1]
+
+
+@pytest.mark.parametrize("reconfig_ms", [25.0, 100.0, 1000.0])
+def test_the_placement_install_is_charged_once_however_long_the_switches_take(reconfig_ms):
+    """Iterations of 4 ms: the switches confirm the placement's circuits after 6 to
+    250 of them. Lightpath's walk used to find those iterations alike (their phases
+    waiting, unscored) and stop before the confirmation: no phase counted and the
+    install uncharged from 100 ms on; walked on the fixed timing, every phase before
+    the confirmation waited instead. The first phase waits, once, as under static."""
+    job = Job(
+        "x",
+        Parallelism(dp=16, pp=1),
+        ModelFacts(parameters=1.3e9, bytes_per_parameter=2, activation_bytes=16e6, microbatches=1),
+        ComputeTimes(0.001, 0.002, 0.001),
+    )
+    cluster = preset("small", reconfig_ms=reconfig_ms)
+    runs = {
+        policy: simulate(cluster, [WorkloadJob(job, 0.0, 1000)], policy, reconfig_ms=reconfig_ms)
+        for policy in ("static", "lightpath")
+    }
+    for policy, result in runs.items():
+        (j,) = result.jobs
+        assert j.hits + j.held + j.misses == 1000, policy
+        assert j.misses == 1, policy
+    exposed = {p: r.jobs[0].exposed_s for p, r in runs.items()}
+    assert exposed["lightpath"] == pytest.approx(exposed["static"], rel=1e-6)
+    assert exposed["static"] == pytest.approx(reconfig_ms / 1000 - 0.001, rel=1e-3)
+
+
+def test_a_run_where_no_job_ran_reports_null_not_zero():
+    """A slowdown of 0.0 (below the ideal fabric's 1) and a JCT of 0 s were reported
+    when every job was refused: undefined figures are null."""
+    workload = [WorkloadJob(_job("wide", 64, 1), 0.0, 100)]  # small holds 32 servers
+    summary = summarize(simulate(preset("small"), workload, "lightpath"))
+    assert summary["jobs_completed"] == 0 and summary["jobs_refused"] == 1
+    for key in (
+        "gpu_utilization",
+        "mean_jct_s",
+        "mean_iteration_slowdown",
+        "p99_iteration_slowdown",
+        "max_iteration_slowdown",
+        "mean_queueing_delay_s",
+        "mean_network_share",
+    ):
+        assert summary[key] is None, key
