@@ -74,10 +74,19 @@ def _load_cluster(settings: Settings):  # type: ignore[no-untyped-def]
         raise typer.Exit(2) from exc
 
 
+# seconds SIGTERM waits for requests in flight (long-polls answer at once on shutdown)
+GRACEFUL_SHUTDOWN_S = 5
+
+
 def _serve_http(
-    app: object, host: str, port: int, on_listening: Callable[[], None] | None = None
+    app: object,
+    host: str,
+    port: int,
+    on_listening: Callable[[], None] | None = None,
+    on_stopping: Callable[[], None] | None = None,
 ) -> None:
-    """Serve `app`; `on_listening` runs once the socket accepts connections.
+    """Serve `app`; `on_listening` runs once the socket accepts connections,
+    `on_stopping` when shutdown begins (before requests in flight are awaited).
 
     SIGTERM shuts the server down gracefully, then ends the process through
     `SystemExit`, so the caller's `finally` (`Runtime.stop`: release the lease, stop
@@ -100,7 +109,19 @@ def _serve_http(
             if on_listening is not None and not self.should_exit:
                 on_listening()
 
-    config = uvicorn.Config(app, host=host, port=port, log_config=None, access_log=False)  # type: ignore[arg-type]
+        async def shutdown(self, sockets: Any = None) -> None:
+            if on_stopping is not None:
+                on_stopping()
+            await super().shutdown(sockets)
+
+    config = uvicorn.Config(
+        app,  # type: ignore[arg-type]
+        host=host,
+        port=port,
+        log_config=None,
+        access_log=False,
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+    )
     Server(config).run()
 
 
@@ -129,7 +150,13 @@ def serve(host: HostOpt = "127.0.0.1", port: PortOpt = 8080, cluster: ClusterOpt
         },
     )
     try:
-        _serve_http(create_app(runtime.services), host, port, on_listening=runtime.load_solver)
+        _serve_http(
+            create_app(runtime.services),
+            host,
+            port,
+            on_listening=runtime.load_solver,
+            on_stopping=runtime.services.waiters.close,
+        )
     finally:
         runtime.stop()
 
@@ -147,7 +174,13 @@ def api(host: HostOpt = "127.0.0.1", port: PortOpt = 8080, cluster: ClusterOpt =
     runtime.start()
     log.info("api serving", extra={"host": host, "port": port, "cluster": topology.name})
     try:
-        _serve_http(create_app(runtime.services), host, port, on_listening=_freeze_start_up_heap)
+        _serve_http(
+            create_app(runtime.services),
+            host,
+            port,
+            on_listening=_freeze_start_up_heap,
+            on_stopping=runtime.services.waiters.close,
+        )
     finally:
         runtime.stop()
 

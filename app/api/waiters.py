@@ -40,10 +40,24 @@ class JobWaiters:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._watches: dict[str, set[Watch]] = defaultdict(set)
+        # set when the server shuts down: long-polls answer the state they have at once
+        # (a 300 s long-poll held SIGTERM for as long, refusing new connections)
+        self.closing = False
+
+    def close(self) -> None:
+        """Wake every waiter for good: the server is shutting down."""
+        self.closing = True
+        with self._lock:
+            targets = [w for watches in self._watches.values() for w in watches]
+        self._wake(targets)
 
     def on_change(self, change: JobsChanged) -> None:
         with self._lock:
             targets = [w for job_id in change.job_ids for w in self._watches.get(job_id, ())]
+        self._wake(targets)
+
+    @staticmethod
+    def _wake(targets: list[Watch]) -> None:
         for watch in targets:
             try:
                 watch.loop.call_soon_threadsafe(watch.event.set)

@@ -142,7 +142,7 @@ async def wait_for_job(
         if record is None:
             record = await run_in_threadpool(services.store.get_job, job_id)
         remaining = deadline - time.monotonic()
-        if record is None or reached(record) or remaining <= 0:
+        if record is None or reached(record) or remaining <= 0 or services.waiters.closing:
             return record
         await watch.wait(min(remaining, poll_s))
         poll_s = min(poll_s * 2, 0.5)
