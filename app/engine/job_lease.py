@@ -32,6 +32,18 @@ def lease_deadline(lease: JobLease) -> float:
     return last + lease.lease_s
 
 
-def expired_leases(leases: Iterable[JobLease], now: float) -> list[JobLease]:
-    """The leases that ran out strictly before `now`, earliest deadline first."""
-    return sorted((x for x in leases if lease_deadline(x) < now), key=lease_deadline)
+def expired_leases(
+    leases: Iterable[JobLease], now: float, listening_since: float = 0.0
+) -> list[JobLease]:
+    """The leases that ran out strictly before `now`, earliest deadline first.
+
+    `listening_since`: when this scheduler started leading. Silence from before it
+    does not count: a launcher whose heartbeats were refused while the control plane
+    was down (or before a failover) gets a full `lease_s` from then. A job used to
+    be failed the moment the service came back from an outage longer than its lease.
+    """
+
+    def deadline(x: JobLease) -> float:
+        return max(lease_deadline(x), listening_since + x.lease_s)
+
+    return sorted((x for x in leases if deadline(x) < now), key=deadline)

@@ -90,6 +90,9 @@ class Worker:
         # run first on the fabric thread (the process binds it to the lease's fence)
         self.thread_init: Callable[[], None] = lambda: None
         self.placed = PlacedCache()  # scheduling's memory of placed jobs
+        # when this worker began leading: launchers' silence before it is not held
+        # against their leases (their heartbeats may have been refused meanwhile)
+        self.leading_since = time.time()
         self.fabric = FabricLoop(
             driver,
             metrics,
@@ -122,7 +125,7 @@ class Worker:
         expired: set[str] = set()
         if self.placed.warm and not self.placed.any_leased():
             return expired  # no placed job holds a lease: nothing to read
-        for lease in expired_leases(self.store.leased_jobs(), time.time()):
+        for lease in expired_leases(self.store.leased_jobs(), time.time(), self.leading_since):
             if self.store.expire_lease(lease):
                 log.warning("job lease expired", extra={"job_id": lease.job_id})
                 expired.add(lease.job_id)
@@ -192,6 +195,7 @@ class Worker:
         so a pass under way on the other thread never sees it vanish.
         """
         self.placed.clear()
+        self.leading_since = time.time()
         if self.fabric_process is not None:
             self.fabric_process.reset()
         else:

@@ -253,3 +253,31 @@ def test_easy_backfill_admits_a_short_job_on_the_heads_reservation(server: LiveS
         head = c.get("/v1/jobs/head", params={"wait_for": "placed", "timeout_s": 20}).json()
         assert head["state"] == "placed"
         assert c.get("/v1/jobs/too-long").json()["state"] == "queued"
+
+
+def test_a_restart_gives_leased_jobs_a_full_lease_before_failing_them(settings: Settings) -> None:
+    """Down for longer than a job's lease, the service failed it the moment it came back,
+    though its launcher had heartbeated until the outage (its calls then refused)."""
+    first = LiveServer(settings)
+    first.start()
+    try:
+        with first.client() as c:
+            assert c.post("/v1/jobs", json=job("leased", dp=1, pp=1, lease_s=2)).status_code == 201
+            assert c.post("/v1/jobs/leased/heartbeat").status_code == 200
+    finally:
+        first.stop()
+    time.sleep(3.0)  # the outage outlasts the lease
+    again = LiveServer(settings)
+    again.start()
+    try:
+        with again.client() as c:
+            time.sleep(1.0)  # several worker ticks
+            assert c.get("/v1/jobs/leased").json()["state"] == "placed"
+            assert c.post("/v1/jobs/leased/heartbeat").status_code == 200
+            deadline = time.monotonic() + 15  # now silent: the lease runs out
+            while c.get("/v1/jobs/leased").json()["state"] == "placed":
+                assert time.monotonic() < deadline, "the lease never expired"
+                time.sleep(0.25)
+            assert c.get("/v1/jobs/leased").json()["end_reason"] == "lease_expired"
+    finally:
+        again.stop()
