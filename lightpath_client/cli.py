@@ -107,7 +107,7 @@ def _parser() -> argparse.ArgumentParser:
     command("cluster", "free and used servers per pod")
     p = command("decisions", "the decision log")
     p.add_argument("--after", type=int, default=0, help="last seq already seen")
-    p.add_argument("--limit", type=int, default=100)
+    p.add_argument("--limit", type=int, default=None, help="at most this many (default: all)")
     p.add_argument("--follow", "-f", action="store_true", help="keep printing new decisions")
     return parser
 
@@ -238,6 +238,9 @@ def format_cluster(cluster: ClusterState) -> str:
     )
 
 
+DECISIONS_HEADER = f"{'SEQ':>8}  {'AT':<25}  {'KIND':<9}  {'JOB':<24}  {'REASON':<10}  DETAIL"
+
+
 def format_decision(d: Decision) -> str:
     detail = ""
     if d.kind == "placement":
@@ -267,13 +270,21 @@ def run_client_command(args: argparse.Namespace) -> int:
         elif args.command == "cluster":
             print(format_cluster(client.cluster()))
         elif args.command == "decisions":
+            print(DECISIONS_HEADER, flush=True)
             if args.follow:
                 for d in client.follow_decisions(args.after):
                     print(format_decision(d), flush=True)
-            page = client.decisions(args.after, args.limit)
-            for d in page.decisions:
-                print(format_decision(d))
-            print(f"next: {page.next}", file=sys.stderr)
+            # every page to the end (or --limit of them), as `jobs` walks every page
+            after, left = args.after, args.limit
+            while left is None or left > 0:
+                page = client.decisions(after, 1000 if left is None else min(left, 1000))
+                for d in page.decisions:
+                    print(format_decision(d))
+                if not page.decisions:
+                    break
+                after = page.next
+                left = None if left is None else left - len(page.decisions)
+            print(f"next: {after}", file=sys.stderr)
     return 0
 
 

@@ -219,9 +219,15 @@ def test_decisions_and_follow(live: LiveServer) -> None:
         c.submit_job("d-1", dp=2, pp=1)
     code, out, err = lp(live, "decisions")
     assert code == 0
-    seqs = [int(line.split()[0]) for line in out.splitlines()]
+    header, *lines = out.splitlines()
+    assert header.split() == ["SEQ", "AT", "KIND", "JOB", "REASON", "DETAIL"]
+    seqs = [int(line.split()[0]) for line in lines]
     assert seqs == list(range(1, len(seqs) + 1)) and "placement" in out and "d-1" in out
     assert err.strip() == f"next: {seqs[-1]}"
+    # --limit: at most that many, and `next` to resume from
+    code, out, err = lp(live, "decisions", "--limit", "2", "--after", "1")
+    assert [int(line.split()[0]) for line in out.splitlines()[1:]] == [2, 3]
+    assert err.strip() == "next: 3"
 
     env = {**os.environ, "LIGHTPATH_URL": live.url, "LIGHTPATH_TOKEN": "tok-oper-2"}
     follow = subprocess.Popen(
@@ -234,6 +240,7 @@ def test_decisions_and_follow(live: LiveServer) -> None:
         with Client(live.url, token="tok-launch-1") as c:
             c.submit_job("d-2", dp=2, pp=1)
         assert follow.stdout is not None
+        assert follow.stdout.readline().split()[0] == "SEQ"
         line = follow.stdout.readline()  # blocks until the new decision is printed
         fields = line.split()
         assert int(fields[0]) == seqs[-1] + 1  # the next one, none skipped
