@@ -177,7 +177,8 @@ class JobIn(StrictModel):
         Optional fields added later are left out when unset, so a body stored
         before they existed still matches the same resubmitted body; a schedule
         equal to the default (gpipe) is left out too, so stating the default
-        matches a body that did not.
+        matches a body that did not, and an empty `model` or `compute` object one that
+        left it out.
         """
         body = self.model_dump(mode="json", exclude={"job_id"})
         for late in ("lease_s", "walltime_s", "schedule"):
@@ -185,6 +186,10 @@ class JobIn(StrictModel):
                 body.pop(late, None)
         if body.get("schedule") == "gpipe":
             body.pop("schedule")
+        for facts in ("model", "compute"):
+            # `"model": {}` states nothing, as an omitted model does
+            if isinstance(body.get(facts), dict) and all(v is None for v in body[facts].values()):
+                body[facts] = None
         return body
 
 

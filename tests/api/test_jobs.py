@@ -146,6 +146,8 @@ def test_same_id_same_body_is_200_other_body_is_409(server: LiveServer) -> None:
         assert c.post("/v1/jobs", json=job("x")).status_code == 201
         same = c.post("/v1/jobs", json=job("x", collective="auto", priority=0))
         assert same.status_code == 200
+        # an empty `model` or `compute` object states nothing, as leaving it out
+        assert c.post("/v1/jobs", json={**job("x"), "model": {}, "compute": {}}).status_code == 200
         assert same.json()["job_id"] == "x"
         other = c.post("/v1/jobs", json=job("x", dp=4))
         assert other.status_code == 409
