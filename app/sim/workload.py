@@ -293,6 +293,28 @@ def read_trace_rows(path: Path) -> list[dict[str, str]]:
         raise WorkloadError(f"cannot read trace {path}: not a CSV text file ({exc})") from exc
 
 
+# the third-party conversion of the same Kalos jobs (data/traces/converted_kalos_trace.csv)
+_CONVERTED_COLUMNS = {"job_id", "arrival_time", "num_iteration", "gpu_workers", "gpu_per_worker"}
+_CONVERTED_ITERATION_S = 0.5  # its run time is num_iteration x 0.5 s exactly (data/README)
+
+
+def _normalised_kalos_row(row: dict[str, str]) -> dict[str, str]:
+    """A row of the converted Kalos trace in the normalised columns; others as they are."""
+    if not _CONVERTED_COLUMNS <= set(row) or "arrival_s" in row:
+        return row
+    try:
+        duration = float(row["num_iteration"]) * _CONVERTED_ITERATION_S
+        gpus = float(row["gpu_workers"]) * float(row["gpu_per_worker"])
+    except (TypeError, ValueError):
+        return row  # reported by the caller, which finds the normalised columns missing
+    return {
+        "job_id": row["job_id"],
+        "arrival_s": row["arrival_time"],
+        "duration_s": repr(duration),
+        "num_gpus": repr(gpus),
+    }
+
+
 def from_kalos_trace(
     trace_path: str | Path,
     *,
@@ -305,7 +327,7 @@ def from_kalos_trace(
     rows = load_model_rows(tables_dir)
     rng = random.Random(seed)
     path = Path(trace_path)
-    records = read_trace_rows(path)
+    records = [_normalised_kalos_row(r) for r in read_trace_rows(path)]
     needed = {"job_id", "arrival_s", "duration_s", "num_gpus"}
     if not records or not needed <= set(records[0]):
         raise WorkloadError(f"{path}: expected columns {', '.join(sorted(needed))}")

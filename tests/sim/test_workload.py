@@ -156,6 +156,23 @@ def test_kalos_importer_is_valid_seeded_and_faithful(tmp_path: Path) -> None:
     assert [workload_job_to_dict(j) for j in again] == [workload_job_to_dict(j) for j in jobs]
 
 
+def test_the_converted_kalos_trace_imports_as_its_jobs() -> None:
+    """data/traces' third-party conversion of the same jobs was refused for its columns:
+    arrival_time, run time num_iteration x 0.5 s, gpu_workers x gpu_per_worker GPUs."""
+    converted = TRACE.with_name("converted_kalos_trace.csv")
+    with open(converted, newline="") as f:
+        rows = sorted(csv.DictReader(f), key=lambda r: float(r["arrival_time"]))[:30]
+    jobs = from_kalos_trace(converted, jobs=30)
+    assert [j.job.job_id for j in jobs] == [r["job_id"] for r in rows]
+    for entry, row in zip(jobs, rows, strict=True):
+        gpus = float(row["gpu_workers"]) * float(row["gpu_per_worker"])
+        assert entry.job.parallelism.servers == max(1, math.ceil(gpus / 8))
+        assert entry.iterations >= 1
+        assert entry.arrival_s == pytest.approx(
+            float(row["arrival_time"]) - float(rows[0]["arrival_time"])
+        )
+
+
 def test_importer_errors(tmp_path: Path) -> None:
     bad = tmp_path / "bad.csv"
     bad.write_text("a,b\n1,2\n")
