@@ -258,6 +258,9 @@ def predict(
     if algorithm not in ALGORITHMS:
         typer.echo(f"error: --algorithm must be one of {', '.join(ALGORITHMS)}", err=True)
         raise typer.Exit(2)
+    if any(not p or any(c.isspace() for c in p) for p in plans):
+        typer.echo("error: a plan id is a non-empty word without spaces", err=True)
+        raise typer.Exit(2)
     for line in format_steps(run_predictor(algorithm, plans)):
         print(line)
 

@@ -286,3 +286,11 @@ def test_simulate_admits_with_the_services_memory_settings(tmp_path: Path) -> No
         assert "ideal: seed 1/1: 1/1 jobs done" in done.stderr
         refused[stage] = json.loads((out / "summary.json").read_text())["jobs_refused"]
     assert refused == {"1": 1, "3": 0}
+
+
+def test_an_empty_plan_id_is_refused() -> None:
+    """`predict ""` printed `observed=`, a step no report can make."""
+    for plans in ([""], ["P", " "], ["P D"]):
+        result = _run("predict", *plans)
+        assert result.returncode == 2, plans
+        assert "plan id" in result.stderr

@@ -124,8 +124,8 @@ def never_fits(cluster: Cluster, job: Job) -> tuple[str, ...]:
     widest = max((len(p.servers) for p in cluster.pods), default=0)
     if par.ep > widest:
         reasons.append(f"{NEVER_EP_WIDER_THAN_POD}: ep={par.ep} > {widest}")
-    elif par.dp * par.pp > sum(len(p.servers) // par.ep for p in cluster.pods):
-        reasons.append(NEVER_TOO_MANY_EP_GROUPS)
+    elif par.ep > 1 and par.dp * par.pp > sum(len(p.servers) // par.ep for p in cluster.pods):
+        reasons.append(NEVER_TOO_MANY_EP_GROUPS)  # (ep = 1: too many servers, said above)
     else:
         # k pods joined by circuits: each needs an uplink, and a connected graph over
         # them has at least k - 1 edges, two port ends each (the k best-wired pods)

@@ -163,7 +163,10 @@ def test_placement_properties(cluster: Cluster, data: st.DataObject) -> None:
 
 def test_never_fits_reasons() -> None:
     small = preset("small")
-    assert never_fits(small, _job(64))
+    # too many servers, said once: the EP-groups reason was added with ep = 1 too
+    assert never_fits(small, _job(64)) == ("needs more servers than the cluster has: 64 > 32",)
+    (groups,) = never_fits(small, _job(9, ep=3))  # 2 groups of 3 per 8-server pod: 8
+    assert "EP groups" in groups
     assert never_fits(small, _job(1, ep=9))  # a pod holds 8 servers
     assert not never_fits(small, _job(1, ep=5))  # wider than a ToR: spans ToRs of a pod
     result = place_job(small, set(small.server_ids), _job(1, ep=9))
