@@ -912,9 +912,17 @@ def allocate_ports(
         for (_, pod), n in spare[j].items():
             held_ports[pod] += n
         before = prev_jobs[j].spare if j in prev_jobs else ()
+        # a circuit needs a port at its other end too: a pod's ports beyond what the
+        # job wants on the pods it talks to from there carry nothing (a two-pod job
+        # held 16 ports on one pod facing 9 on the other)
+        want_on = dict(w.d.want)
+        facing: dict[str, int] = defaultdict(int)
+        for a, b, _ in w.d.pair_bytes:
+            facing[a] += want_on.get(b, 0)
+            facing[b] += want_on.get(a, 0)
         for pod, want in w.d.want:
             if pod in held_ports or pod in w.pod_set:
-                more = want - held_ports[pod]
+                more = min(want, facing[pod]) - held_ports[pod]
                 # the same ports as before first: an unchanged job stays unchanged
                 for o, p_, n in before:
                     if p_ == pod and more > 0:
@@ -1178,26 +1186,25 @@ def _shrink_for(
 
     Donors are isolated jobs with more than one circuit on the pair they give up
     (never below their minimum) whose estimated slowdown after giving stays
-    below `below`; the one with the lowest slowdown gives first. Changes only
-    the donors. False when some pair cannot be freed.
+    below `below`. Of the OXCs where donors can free the pair, the one whose
+    donors end least slowed gives (on each, a circuit joining both pods first,
+    then the donor its loss slows least). Changes only the donors. False when
+    some pair cannot be freed.
 
     A caller that asks again while no donor gains a circuit on a new OXC and pair
     (an arrival's rebalance) may keep a `cache` between calls.
     """
     cache = _DonorCache() if cache is None else cache
-    index, slowdowns, without = cache.index, cache.slowdowns, cache.without
+    index, without = cache.index, cache.without
 
-    def slowdown(j: str) -> float:
-        got = slowdowns.get(j)
-        if got is None:
-            got = slowdowns[j] = work[j].slowdown(port_bps)
-        return got
-
-    def gives_below(j: str, key: tuple[str, str, str]) -> bool:
+    def after(j: str, key: tuple[str, str, str]) -> float:
         got = without.get((j, key))
         if got is None:
             got = without[(j, key)] = _slowdown_without(work[j], key, port_bps)
-        return got < below
+        return got
+
+    def gives_below(j: str, key: tuple[str, str, str]) -> bool:
+        return after(j, key) < below
 
     for a, b in pairs:
         if ports.room(a, b) >= 1:
@@ -1205,7 +1212,7 @@ def _shrink_for(
         on_oxc = index.get((a, b))
         if on_oxc is None:
             on_oxc = index[(a, b)] = _donor_index(circuits, work, isolated, a, b)
-        done = False
+        best: tuple[float, list[tuple[str, tuple[str, str, str]]]] | None = None
         for i, oxc in enumerate(ports.oxcs):
             plan: list[tuple[str, tuple[str, str, str]]] = []
             planned: dict[tuple[str, str, str], int] = {}  # circuits the plan takes per key
@@ -1215,7 +1222,7 @@ def _shrink_for(
                 pod = needed[0]
                 donors = [
                     # a circuit between both needed pods frees both at once
-                    (-len(set(needed) & set(key[1:])), slowdown(j), j, key)
+                    (-len(set(needed) & set(key[1:])), after(j, key), j, key)
                     for j, key in held
                     if pod in key[1:]
                     and circuits[j][key] - planned.get(key, 0) > 0
@@ -1229,18 +1236,18 @@ def _shrink_for(
                 planned[key] = planned.get(key, 0) + 1
                 needed = [p for p in needed if p not in key[1:]]
             if not needed:
-                for j, key in plan:
-                    circuits[j][key] -= 1
-                    work[j].have[(key[1], key[2])] -= 1
-                    ports.give(key[0], key[1], key[2], 1)
-                    slowdowns.pop(j, None)
-                    cache.gave.add(j)
-                    for k in [k for k in without if k[0] == j]:
-                        del without[k]
-                done = True
-                break
-        if not done:
+                cost = max(after(j, key) for j, key in plan)
+                if best is None or cost < best[0]:
+                    best = (cost, plan)
+        if best is None:
             return False
+        for j, key in best[1]:
+            circuits[j][key] -= 1
+            work[j].have[(key[1], key[2])] -= 1
+            ports.give(key[0], key[1], key[2], 1)
+            cache.gave.add(j)
+            for k in [k for k in without if k[0] == j]:
+                del without[k]
     return True
 
 
@@ -1250,15 +1257,14 @@ _DonorIndex = dict[str, list[tuple[str, tuple[str, str, str]]]]
 
 class _DonorCache:
     """What `_shrink_for` learns of the donors, valid while none gains a circuit key:
-    per pair their circuits by OXC (counts are read live), per donor its slowdown,
-    per donor and circuit its slowdown without that circuit (a donor that gives is
-    dropped from the last two; `gave` collects the donors)."""
+    per pair their circuits by OXC (counts are read live), per donor and circuit its
+    slowdown without that circuit (a donor that gives is dropped from it; `gave`
+    collects the donors)."""
 
-    __slots__ = ("index", "slowdowns", "without", "gave")
+    __slots__ = ("index", "without", "gave")
 
     def __init__(self, gave: set[str] | None = None) -> None:
         self.index: dict[tuple[str, str], _DonorIndex] = {}
-        self.slowdowns: dict[str, float] = {}
         self.without: dict[tuple[str, tuple[str, str, str]], float] = {}
         self.gave: set[str] = set() if gave is None else gave  # donors that gave
 

@@ -13,6 +13,7 @@ from app.engine.allocation import (
     MODE_ISOLATED,
     MODE_NONE,
     MODE_SHARED,
+    JobAllocation,
     JobDemand,
     PortAllocation,
     allocate_ports,
@@ -411,6 +412,43 @@ def test_an_arrival_takes_a_fair_share_from_a_job_holding_its_pods() -> None:
     assert min(ay.pair_circuits().values()) > 1
     # neither is left far more slowed than the other
     assert ay.estimated_slowdown <= 1.25 * ax.estimated_slowdown
+
+
+def test_an_arrival_takes_from_the_job_least_slowed_by_giving_on_any_oxc() -> None:
+    # pod-0 is full: x (heavy, pod-0/pod-1) on oxc-0, y (light, pod-0/pod-2) on oxc-1.
+    # The arrival z needs a pod-0/pod-1 circuit. Freeing it on oxc-0 takes one of x's,
+    # on oxc-1 one of y's: the donor is the one its loss slows least (y), whichever OXC
+    # comes first (x gave, at seed-15k a 64-server job went from 5 circuits to 1 so)
+    cluster = _cluster(3, 2, 4)  # 8 ports per pod, 4 on each OXC
+    x = JobDemand("x", (("pod-0", "pod-1", 40e9),), (("pod-0", 4), ("pod-1", 4)), 1.0)
+    y = JobDemand("y", (("pod-0", "pod-2", 1e9),), (("pod-0", 4), ("pod-2", 4)), 1.0)
+    z = JobDemand("z", (("pod-0", "pod-1", 1e9),), (("pod-0", 4), ("pod-1", 4)), 1.0)
+    held = (("oxc-0", "pod-0", "pod-1", 4),), (("oxc-1", "pod-0", "pod-2", 4),)
+    first = PortAllocation(
+        tuple(
+            JobAllocation(d.job_id, MODE_ISOLATED, c, (), 1.0, "held")
+            for d, c in zip((x, y), held, strict=True)
+        ),
+        (),
+        (),
+    )
+    after = allocate_ports(cluster, [x, y, z], previous=first)
+    ax, ay, az = after.job("x"), after.job("y"), after.job("z")
+    assert ax is not None and ay is not None and az is not None
+    assert az.mode == MODE_ISOLATED
+    assert ax.pair_circuits() == {("pod-0", "pod-1"): 4}
+    assert ay.pair_circuits()[("pod-0", "pod-2")] < 4
+    _check_budgets(cluster, after)
+
+
+def test_spare_ports_stop_at_what_the_other_ends_can_match() -> None:
+    # a two-pod job with 8 servers on pod-0 and 4 on pod-1 wants 16 and 9 ports: the
+    # 7 pod-0 ports beyond pod-1's 9 could join no circuit of its own, yet were held
+    cluster = _cluster(2, 2, 8)  # 16 ports per pod
+    d = JobDemand("h0", (("pod-0", "pod-1", 4e9),), (("pod-0", 16), ("pod-1", 9)), 1.0)
+    (ja,) = allocate_ports(cluster, [d]).jobs
+    ports = dict(ja.pod_ports)
+    assert ports["pod-0"] == ports["pod-1"] == 9
 
 
 def test_a_one_way_ring_through_a_pod_gets_all_its_nics_towards_each_neighbour() -> None:
