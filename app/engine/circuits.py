@@ -501,7 +501,10 @@ def _plan_circuits(
                     route_circuits_lp(demand, c, ports, port_gbps, window_s),
                     solver="greedy+lp-routing",
                 )
-                for c in {_to_circuits(pods, start), plans[0].circuits}
+                # in order, without repeats: a set's order follows the pod ids' str
+                # hashes, and a tie keeps the first plan, so results changed with
+                # PYTHONHASHSEED (one job's PP phase, 1e-9 of a run's JCT)
+                for c in dict.fromkeys((_to_circuits(pods, start), plans[0].circuits))
             ]
         for plan in plans:
             if best is None or plan.completion_s < best.completion_s * (1 - 1e-9):
