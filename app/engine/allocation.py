@@ -1203,42 +1203,42 @@ def _shrink_for(
             got = without[(j, key)] = _slowdown_without(work[j], key, port_bps)
         return got
 
-    def gives_below(j: str, key: tuple[str, str, str]) -> bool:
-        return after(j, key) < below
-
     for a, b in pairs:
         if ports.room(a, b) >= 1:
             continue
         on_oxc = index.get((a, b))
         if on_oxc is None:
             on_oxc = index[(a, b)] = _donor_index(circuits, work, isolated, a, b)
+        heaps = cache.heaps.get((a, b))
+        if heaps is None:
+            heaps = cache.heaps[(a, b)] = {}
         best: tuple[float, list[tuple[str, tuple[str, str, str]]]] | None = None
         for i, oxc in enumerate(ports.oxcs):
-            plan: list[tuple[str, tuple[str, str, str]]] = []
-            planned: dict[tuple[str, str, str], int] = {}  # circuits the plan takes per key
-            needed = [pod for pod in (a, b) if ports.free[pod][i] <= 0]
-            held = on_oxc.get(oxc, ())
-            while needed:
-                pod = needed[0]
-                donors = [
-                    # a circuit between both needed pods frees both at once
-                    (-len(set(needed) & set(key[1:])), after(j, key), j, key)
-                    for j, key in held
-                    if pod in key[1:]
-                    and circuits[j][key] - planned.get(key, 0) > 0
-                    and work[j].have[(key[1], key[2])] - planned.get(key, 0) > 1
-                    and (below == math.inf or gives_below(j, key))
-                ]
-                if not donors:
-                    break
-                _, _, j, key = min(donors)
-                plan.append((j, key))
-                planned[key] = planned.get(key, 0) + 1
-                needed = [p for p in needed if p not in key[1:]]
-            if not needed:
-                cost = max(after(j, key) for j, key in plan)
-                if best is None or cost < best[0]:
-                    best = (cost, plan)
+            need_a, need_b = ports.free[a][i] <= 0, ports.free[b][i] <= 0
+            by_pod = heaps.get(oxc)
+            if by_pod is None:
+                by_pod = heaps[oxc] = _donor_heaps(on_oxc.get(oxc, ()), a, b, after)
+            both, on_a, on_b = by_pod
+            # the least of (-pods freed, slowdown after giving, job, circuit): a circuit
+            # between both needed pods frees both at once, else one per needed pod
+            first = (_least(both, circuits, work, after, below) if need_a and need_b else None) or (
+                _least(on_a if need_a else on_b, circuits, work, after, below)
+            )
+            if first is None or (best is not None and first[0] >= best[0]):
+                continue  # none here, or no better than the best OXC so far (cost >= first's)
+            plan = [(first[1], first[2])]
+            cost = first[0]
+            freed = first[2][1:]
+            if (need_a and a not in freed) or (need_b and b not in freed):
+                second = _least(
+                    on_b if need_b and b not in freed else on_a, circuits, work, after, below
+                )
+                if second is None:
+                    continue
+                plan.append((second[1], second[2]))
+                cost = max(cost, second[0])
+            if best is None or cost < best[0]:
+                best = (cost, plan)
         if best is None:
             return False
         for j, key in best[1]:
@@ -1253,6 +1253,60 @@ def _shrink_for(
 
 # OXC -> (job, circuit key) of the donors' circuits that touch a pair's pods
 _DonorIndex = dict[str, list[tuple[str, tuple[str, str, str]]]]
+# (slowdown after giving, job, circuit): a heap, least first
+_DonorHeap = list[tuple[float, str, tuple[str, str, str]]]
+
+
+def _donor_heaps(
+    held: Sequence[tuple[str, tuple[str, str, str]]],
+    a: str,
+    b: str,
+    after: Callable[[str, tuple[str, str, str]], float],
+) -> tuple[_DonorHeap, _DonorHeap, _DonorHeap]:
+    """One OXC's donor circuits for pair (a, b): those joining a and b, those on a,
+    those on b (a circuit joining both is in all three)."""
+    both: _DonorHeap = []
+    on_a: _DonorHeap = []
+    on_b: _DonorHeap = []
+    for j, key in held:
+        entry = (after(j, key), j, key)
+        x, y = key[1], key[2]
+        touches_a, touches_b = a in (x, y), b in (x, y)
+        if touches_a and touches_b:
+            both.append(entry)
+        if touches_a:
+            on_a.append(entry)
+        if touches_b:
+            on_b.append(entry)
+    for h in (both, on_a, on_b):
+        heapq.heapify(h)
+    return both, on_a, on_b
+
+
+def _least(
+    heap: _DonorHeap,
+    circuits: Mapping[str, Mapping[tuple[str, str, str], int]],
+    work: Mapping[str, _Job],
+    after: Callable[[str, tuple[str, str, str]], float],
+    below: float,
+) -> tuple[float, str, tuple[str, str, str]] | None:
+    """The heap's least donor that may give (one circuit more than its minimum on the
+    pair) and stays below `below`; None if none does.
+
+    Lazy: while a cache lives donors only give, so a circuit that may not give never
+    may again (dropped), and a donor's slowdown after giving only grows (an entry
+    whose value went up is pushed back with it; the least is then exact)."""
+    while heap:
+        v, j, key = heap[0]
+        if circuits[j][key] <= 0 or work[j].have[(key[1], key[2])] <= 1:
+            heapq.heappop(heap)
+            continue
+        now = after(j, key)
+        if now != v:
+            heapq.heapreplace(heap, (now, j, key))
+            continue
+        return None if below != math.inf and not v < below else (v, j, key)
+    return None
 
 
 class _DonorCache:
@@ -1261,10 +1315,12 @@ class _DonorCache:
     slowdown without that circuit (a donor that gives is dropped from it; `gave`
     collects the donors)."""
 
-    __slots__ = ("index", "without", "gave")
+    __slots__ = ("index", "heaps", "without", "gave")
 
     def __init__(self, gave: set[str] | None = None) -> None:
         self.index: dict[tuple[str, str], _DonorIndex] = {}
+        # per pair and OXC, its donors' circuits as heaps (`_donor_heaps`)
+        self.heaps: dict[tuple[str, str], dict[str, tuple[_DonorHeap, _DonorHeap, _DonorHeap]]] = {}
         self.without: dict[tuple[str, tuple[str, str, str]], float] = {}
         self.gave: set[str] = set() if gave is None else gave  # donors that gave
 
