@@ -197,17 +197,15 @@ def test_batch_size_advice_and_memory_admission(server: LiveServer) -> None:
         mem = a["memory_bytes"]
         assert abs(mem["fixed"] + mem["activations"] + mem["gradients"] - mem["total"]) < 1
         assert mem["total"] <= 85899345920
-        huge = c.post(
-            "/v1/jobs",
-            json={
-                "job_id": "huge",
-                "parallelism": {"dp": 1, "pp": 1},
-                "model": {"parameters": 175e9, "bytes_per_parameter": 2, "zero_stage": 0},
-            },
-        )
-        assert huge.status_code == 422
-        body = huge.json()
-        assert body["type"].endswith("out-of-memory")
+
+        def refused(job_id: str, model: dict[str, Any]) -> dict[str, Any]:
+            one_server = {"job_id": job_id, "parallelism": {"dp": 1, "pp": 1}, "model": model}
+            r = c.post("/v1/jobs", json=one_server)
+            assert r.status_code == 422, r.text
+            assert r.json()["type"].endswith("out-of-memory")
+            return r.json()  # type: ignore[no-any-return]
+
+        body = refused("huge", {"parameters": 175e9, "bytes_per_parameter": 2, "zero_stage": 0})
         assert body["memory_bytes"]["total"] > 80 * 1024**3
         example = c.post(
             "/v1/jobs",
@@ -232,16 +230,7 @@ def test_batch_size_advice_and_memory_admission(server: LiveServer) -> None:
         )
         assert example.status_code in (201, 202), example.text
         # 10 TB of boundary activation per micro-batch: refused on that alone
-        boundary = c.post(
-            "/v1/jobs",
-            json={
-                "job_id": "oom4",
-                "parallelism": {"dp": 1, "pp": 1},
-                "model": {"parameters": 1e9, "activation_bytes": 1e13, "microbatches": 1000000},
-            },
-        )
-        assert boundary.status_code == 422, boundary.text
-        body = boundary.json()
+        body = refused("oom4", {"parameters": 1e9, "activation_bytes": 1e13, "microbatches": 10**6})
         assert body["memory_bytes"]["activations"] >= 1e13 / 8
         assert [e["field"] for e in body["errors"]] == ["body.model"]
         assert c.get("/v1/jobs/oom4").status_code == 404
