@@ -84,6 +84,7 @@ from .fabric import (
     diff_plans,
     plan_fabric,
     plan_topology,
+    route_observed,
     route_phases,
 )
 from .job import Collective, Job, Placement
@@ -92,11 +93,15 @@ from .plan_signature import EMPTY_PLAN_ID, PlanCatalog, classify_plan
 from .predictor import DEFAULT_ALGORITHM, PredictorState, new_predictor
 from .predictor import step as step_predictor
 from .preinstall import gap_before_s, should_preinstall
-from .traffic import DemandMatrix
+from .traffic import DemandMatrix, Flow, pod_of
 
 HELD_PLAN = "plan-held"  # what a job's circuits are for when it holds its pp+dp topology
 OFF_TURN = "plan-off-turn"  # a sharing job between its turns: no circuits of its own
 ARRIVALS_KEPT = 64
+# reported flows kept per job for the headers of rewirings to observed phases: of the
+# latest plans with circuits of their own, and only reports up to this many flows
+FLOWS_KEPT = 16
+MAX_FLOWS_KEPT = 4096
 INSTALLS_KEPT = 16
 # a plan's own circuits must beat the held ones by this much to be worth a rewiring
 MIN_GAIN = 0.01
@@ -156,6 +161,9 @@ class PhaseObserved:
     demand: DemandMatrix
     started_at_s: float
     at_s: float  # when the controller handles it (after the phase's start)
+    # the server-to-server flows as reported (the simulator, whose traffic is the
+    # modelled one, leaves them out): headers of a phase rewired for route them
+    flows: tuple[Flow, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,6 +241,8 @@ class JobCycle:
     catalog: PlanCatalog = field(default_factory=PlanCatalog)
     demands: Mapping[str, DemandMatrix] = field(default_factory=dict)
     circuits: Mapping[str, PodCircuits] = field(default_factory=dict)  # own plan per plan id
+    # the reported flows of the latest plans with circuits of their own (`FLOWS_KEPT`)
+    flows: Mapping[str, tuple[Flow, ...]] = field(default_factory=dict)
     gains: Mapping[str, float] = field(default_factory=dict)  # held time / own time - 1
     arrivals: tuple[float, ...] = ()
     ends: tuple[float, ...] = ()  # when each of those phases was seen to end
@@ -824,7 +834,7 @@ def _observed(
     catalog, plan_id = classify_plan(cycle.catalog, e.demand)
     cycle = replace(cycle, catalog=catalog, last_plan=plan_id)
     if plan_id not in cycle.demands:
-        cycle = _learn_plan(state.cluster, jf, cycle, plan_id, e.demand)
+        cycle = _learn_plan(state.cluster, jf, cycle, plan_id, e.demand, e.flows)
     started = e.started_at_s
     if started > e.at_s:  # reported to start after we saw it: the reporter's clock is ahead
         started = e.at_s
@@ -864,13 +874,20 @@ def _observed(
 
 
 def _learn_plan(
-    cluster: Cluster, jf: JobFabric, cycle: JobCycle, plan_id: str, demand: DemandMatrix
+    cluster: Cluster,
+    jf: JobFabric,
+    cycle: JobCycle,
+    plan_id: str,
+    demand: DemandMatrix,
+    flows: tuple[Flow, ...] = (),
 ) -> JobCycle:
-    """Remember a new plan's demand, its own circuits in the slice and what they gain."""
+    """Remember a new plan's demand, its own circuits in the slice and what they gain
+    (and its reported flows, for the header of a rewiring to them)."""
     demands = dict(cycle.demands)
     demands[plan_id] = demand
     circuits = dict(cycle.circuits)
     gains = dict(cycle.gains)
+    kept = cycle.flows
     if plan_id != EMPTY_PLAN_ID and jf.slice.mode == MODE_ISOLATED:
         budget = dict(jf.slice.pod_ports)
         matrix = _slice_matrix(demand, budget)
@@ -881,7 +898,10 @@ def _learn_plan(
             gains[plan_id] = (
                 held.completion_s / own.completion_s - 1.0 if own.completion_s > 0 else 0.0
             )
-    return replace(cycle, demands=demands, circuits=circuits, gains=gains)
+            if flows and len(flows) <= MAX_FLOWS_KEPT:
+                kept = dict(list(cycle.flows.items())[-(FLOWS_KEPT - 1) :])
+                kept[plan_id] = flows
+    return replace(cycle, demands=demands, circuits=circuits, gains=gains, flows=kept)
 
 
 def _next_target(
@@ -1073,9 +1093,29 @@ def _rewire(
     decisions = [Decision("oxc", jf.job_id, "prediction", oxc=c) for c in changes]
     real = realised_circuits(cluster, mapping.cross_connects, jf.job_id)
     fabric, routing = _with_circuits(state, jf, real)
+    if _unrouted(cluster, cycle.flows.get(target, ()), fabric, jf.job_id):
+        # the phase these circuits are for, as reported, sends flows the modelled
+        # headers do not route (a guessed model, other pods): a header of its own
+        flows = cycle.flows[target]
+        budget = dict(jf.slice.pod_ports) or {p: real.row_sum(p) for p in real.pod_ids}
+        routing += (route_observed(cluster, jf.job_id, target, flows, real, budget),)
     decisions += [Decision("routing", jf.job_id, "prediction", routing=r) for r in routing]
     state = replace(state, desired=desired, fabric=fabric)
     return _record_installs(state, {jf.job_id: target}, at_s), tuple(decisions)
+
+
+def _unrouted(
+    cluster: Cluster, flows: Sequence[Flow], fabric: FabricPlan | None, job_id: str
+) -> bool:
+    """Does a reported flow cross pods without a route in the job's modelled headers?"""
+    if not flows or fabric is None:
+        return False
+    jf = next((j for j in fabric.jobs if j.job_id == job_id), None)
+    routed = {(r.src, r.dst) for h in (jf.routing if jf else ()) for r in h.routes}
+    return any(
+        (f.src, f.dst) not in routed and pod_of(cluster, f.src) != pod_of(cluster, f.dst)
+        for f in flows
+    )
 
 
 def _with_circuits(

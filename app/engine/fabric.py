@@ -56,7 +56,15 @@ from .cross_connects import (
 )
 from .job import Job, Placement
 from .memo import IdentityMemo
-from .traffic import PHASE_DP, PHASE_PP, DemandMatrix, Flow, PhaseTraffic, job_traffic
+from .traffic import (
+    PHASE_DP,
+    PHASE_PP,
+    DemandMatrix,
+    Flow,
+    PhaseTraffic,
+    job_traffic,
+    pod_demand_from_flows,
+)
 
 MODE_ISOLATED = "isolated"
 MODE_TIME_DIVISION = "time_division"
@@ -709,12 +717,7 @@ def route_phases(
         if electrical:
             routes = _electrical_routes(cluster, t.flows)
         else:
-            phase_eval = (
-                evaluate_circuits(_restrict(t.pod_demand), circuits, budget, cluster.nic_gbps)
-                if t.pod_demand.total_bytes and circuits.total
-                else _EMPTY_PLAN
-            )
-            routes = _routes(cluster, t.flows, phase_eval)
+            routes = _circuit_routes(cluster, t.flows, t.pod_demand, circuits, budget)
         dp = t.phase == PHASE_DP
         routing.append(
             RoutingDecision(
@@ -728,6 +731,38 @@ def route_phases(
             )
         )
     return tuple(routing)
+
+
+def route_observed(
+    cluster: Cluster,
+    job_id: str,
+    plan_id: str,
+    flows: Sequence[Flow],
+    circuits: PodCircuits,
+    budget: Mapping[str, int],
+) -> RoutingDecision:
+    """The header of an observed phase the circuits were rewired for: its flows as the
+    network reported them (not the job's modelled traffic, which may differ or be a
+    guess), routed on those circuits; `phase` is the plan id predictions name."""
+    demand = pod_demand_from_flows(cluster, flows)
+    routes = _circuit_routes(cluster, flows, demand, circuits, budget)
+    return RoutingDecision(job_id, plan_id, "send_recv", False, (), routes)
+
+
+def _circuit_routes(
+    cluster: Cluster,
+    flows: Sequence[Flow],
+    pod_demand: DemandMatrix,
+    circuits: PodCircuits,
+    budget: Mapping[str, int],
+) -> tuple[Route, ...]:
+    """Each flow's path over the circuits (direct or two hops), as the phase's plan splits it."""
+    phase_eval = (
+        evaluate_circuits(_restrict(pod_demand), circuits, budget, cluster.nic_gbps)
+        if pod_demand.total_bytes and circuits.total
+        else _EMPTY_PLAN
+    )
+    return _routes(cluster, flows, phase_eval)
 
 
 def _electrical_routes(cluster: Cluster, flows: Sequence[Flow]) -> tuple[Route, ...]:

@@ -49,6 +49,7 @@ from app.engine.controller import (
 from app.engine.cross_connects import CrossConnect, realised_circuits
 from app.engine.fabric import Decision
 from app.engine.plan_signature import Demand, aggregate_pod_demand, attribute_demands
+from app.engine.traffic import Flow
 from app.store import NewDecision
 from app.store.fabric_repository import FabricRepository, PlacedJobRow
 from app.store.retention import Retention
@@ -393,6 +394,7 @@ class FabricDriver:
                         aggregate_pod_demand(self.cluster, demands),
                         report.phase_started_at,
                         now,
+                        tuple(Flow(d.src, d.dst, d.size_bytes) for d in demands),
                     )
                     for job_id, demands in groups.items()
                 ]

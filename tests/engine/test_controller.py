@@ -14,7 +14,7 @@ from app.engine.controller import (
 )
 from app.engine.fabric import MODE_ISOLATED, PlacedJob
 from app.engine.job import Collective, Job, ModelFacts, Parallelism, Placement, Unit
-from app.engine.traffic import DemandMatrix
+from app.engine.traffic import DemandMatrix, Flow
 from app.sim.trace import replay_trace
 from tests.support import narrow_cluster
 
@@ -108,6 +108,34 @@ def test_a_reporter_clock_ahead_of_ours_earns_no_hit_and_no_rewiring() -> None:
     assert acc.hits == 0
     assert acc.hits + acc.held + acc.misses == 30
     assert not [d for _, d in result.decisions if d.reason == "prediction" and d.kind == "oxc"]
+
+
+def test_a_phase_rewired_for_as_reported_gets_a_header_routing_its_reported_flows() -> None:
+    """The job's model says PP over pods 0-1, 2-3 and DP over 0-2, 1-3; the network
+    reports phases over 0-3 and 1-2 instead (a guessed model, a different collective).
+    Rewiring to their own circuits re-routed only the modelled flows, none of which
+    those circuits join: the headers named no route for what the job really sends."""
+    pj = cross_job("a")
+    at = {u.stage * 2 + u.dp_rank: u.server for u in pj.placement.units}  # pods 0, 2, 1, 3
+    flows = (Flow(at[0], at[3], 8e9), Flow(at[2], at[1], 8e9))  # pod-0 -> 3, pod-1 -> 2
+    cross = DemandMatrix.from_pairs((("pod-0", "pod-3", 8e9), ("pod-1", "pod-2", 8e9)))
+    events: list[Event] = [placed(pj)]
+    for k in range(30):
+        t = 1.0 + k * 0.5
+        plan = (cross, flows) if k % 2 == 0 else (PP, ())
+        events.append(PhaseObserved("a", plan[0], t, t + 0.001, plan[1]))
+    result = replay_trace(SMALL, CONFIG, events)
+    observed = [
+        d.routing
+        for _, d in result.decisions
+        if d.kind == "routing" and d.routing is not None and d.routing.phase.startswith("plan-")
+    ]
+    assert observed, "no header for the observed phase"
+    for header in observed:
+        paths = {(r.src, r.dst): r.path for r in header.routes}
+        assert set(paths) == {(f.src, f.dst) for f in flows}
+        assert paths[(at[0], at[3])][0] == "pod-0" and paths[(at[0], at[3])][-1] == "pod-3"
+        assert paths[(at[2], at[1])][0] == "pod-1" and paths[(at[2], at[1])][-1] == "pod-2"
 
 
 def test_idle_phases_cost_no_rewiring() -> None:
