@@ -21,6 +21,7 @@ circuits inside the same slice, when a policy asks for them.
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -756,13 +757,33 @@ def _circuit_routes(
     circuits: PodCircuits,
     budget: Mapping[str, int],
 ) -> tuple[Route, ...]:
-    """Each flow's path over the circuits (direct or two hops), as the phase's plan splits it."""
-    phase_eval = (
-        evaluate_circuits(_restrict(pod_demand), circuits, budget, cluster.nic_gbps)
-        if pod_demand.total_bytes and circuits.total
-        else _EMPTY_PLAN
-    )
+    """Each flow's path over the circuits (direct or two hops), as the phase's plan splits it.
+
+    A flow between pods the circuits do not join gets no route; the others keep
+    theirs (a plan of the whole phase has none at all then: one pair without a path
+    left a job's dp header with no cross-pod route while its pp circuits were in).
+    """
+    if not (pod_demand.total_bytes and circuits.total):
+        return _routes(cluster, flows, _EMPTY_PLAN)
+    demand = _restrict(pod_demand)
+    phase_eval = evaluate_circuits(demand, circuits, budget, cluster.nic_gbps)
+    if not math.isfinite(phase_eval.completion_s):
+        reachable = _reachable(demand, circuits)
+        if reachable.total_bytes:
+            phase_eval = evaluate_circuits(reachable, circuits, budget, cluster.nic_gbps)
     return _routes(cluster, flows, phase_eval)
+
+
+def _reachable(demand: DemandMatrix, circuits: PodCircuits) -> DemandMatrix:
+    """The demand's pod pairs that a circuit joins directly or over one other pod."""
+    pods = demand.pod_ids
+    kept = [
+        (p, q, x)
+        for p, q, x in demand.entries()
+        if circuits.get(p, q) > 0
+        or any(circuits.get(p, r) > 0 and circuits.get(r, q) > 0 for r in pods if r not in (p, q))
+    ]
+    return DemandMatrix.from_entries(pods, kept)
 
 
 def _electrical_routes(cluster: Cluster, flows: Sequence[Flow]) -> tuple[Route, ...]:

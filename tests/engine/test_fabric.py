@@ -5,6 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from app.engine.circuits import PodCircuits
 from app.engine.cluster import preset
 from app.engine.collective import AggregatorLedger
 from app.engine.cross_connects import port_pods, realised_circuits
@@ -17,9 +18,10 @@ from app.engine.fabric import (
     diff_plans,
     plan_fabric,
     plan_topology,
+    route_observed,
 )
 from app.engine.job import Collective, Job, ModelFacts, Parallelism, Placement, Unit
-from app.engine.traffic import DemandMatrix
+from app.engine.traffic import DemandMatrix, Flow
 
 SMALL = preset("small")
 
@@ -155,3 +157,25 @@ def test_plan_topology_for_the_predictor() -> None:
     plan = plan_topology(SMALL, demand)
     assert plan.circuits.get("pod-0", "pod-3") == 16
     assert plan == plan_topology(SMALL, demand)  # deterministic: comparable plans
+
+
+def test_a_flow_without_a_path_costs_the_others_of_its_phase_no_route() -> None:
+    """Circuits join pod-0 and pod-1 only (a pp phase's topology installed); the dp
+    phase also sends pod-0 -> pod-2. Planned as a whole it had no route for any flow,
+    so the dp header went out with no cross-pod route, pod-0 -> pod-1 included."""
+    small = preset("small")
+    a, b, c = (small.pods[i].tors[0].servers[0].id for i in range(3))
+    circuits = PodCircuits.from_pairs(tuple(p.id for p in small.pods), [("pod-0", "pod-1", 4)])
+    flows = (Flow(a, b, 1e9), Flow(a, c, 1e9))
+    header = route_observed(small, "j", "plan-x", flows, circuits, {"pod-0": 4, "pod-1": 4})
+    assert [(r.src, r.dst, r.path) for r in header.routes] == [(a, b, ("pod-0", "pod-1"))]
+    # a two-hop path counts: with pod-1 joined to pod-2 too, both flows are routed
+    both = PodCircuits.from_pairs(
+        tuple(p.id for p in small.pods), [("pod-0", "pod-1", 4), ("pod-1", "pod-2", 4)]
+    )
+    budget = {"pod-0": 4, "pod-1": 8, "pod-2": 4}
+    header = route_observed(small, "j", "plan-x", flows, both, budget)
+    assert {r.dst: r.path for r in header.routes} == {
+        b: ("pod-0", "pod-1"),
+        c: ("pod-0", "pod-1", "pod-2"),
+    }
