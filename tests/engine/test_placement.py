@@ -153,8 +153,23 @@ def test_placement_properties(cluster: Cluster, data: st.DataObject) -> None:
             assert spans > fewest_pods(cluster, job) + limit
             assert job.parallelism.servers * 4 <= max(len(p.servers) for p in cluster.pods)
             assert _short(cluster, job, unlimited, ports)
+        elif result.reasons == (NOT_NOW_UPLINKS,):
+            # every layout of these free servers has a pod with fewer uplinks than the
+            # pairs it would cross: the same servers on pods with ample uplinks place it
+            assert _pod_capacity(cluster, free, ep) >= dp * pp
+            pod = cluster.pods[0]
+            ample = build_cluster(
+                "ample",
+                pods=len(cluster.pods),
+                tors_per_pod=len(pod.tors),
+                servers_per_tor=len(pod.tors[0].servers),
+                uplink_ports_per_pod=64,
+                oxcs=2,
+                oxc_ports=32 * len(cluster.pods),
+            )
+            assert isinstance(place_job(ample, free, job, aggregator_free_gbps=agg), Placement)
         else:
-            # A job waits only when the free servers hold too few whole EP groups in pods.
+            # Else a job waits only when the free servers hold too few whole EP groups in pods.
             assert result.reasons == (NOT_NOW_BUSY,)
             assert _pod_capacity(cluster, free, ep) < dp * pp
     else:
