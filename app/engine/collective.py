@@ -364,6 +364,11 @@ def _inc_group(
     streams: dict[str, int] = {}
     crossings: dict[tuple[str, str], int] = {}
     if len(tors) == 1:
+        ((tor, n),) = tors.items()
+        if n >= 2 and free_gbps(tor) / n < floor:
+            # the ToR's aggregator is held by others: straight into the pod's spine (a
+            # group under one ToR fell back to ring beside an idle spine)
+            return {pod_of_tor[tor]: n}, crossings, ""
         return tors, crossings, ""
     # the root pod: most members, then most free spine aggregation
     root_pod = max(pods, key=lambda p: (pods[p], free_gbps(p), p))

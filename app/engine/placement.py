@@ -49,6 +49,7 @@ from .collective import (
     ALPHA_RING_S,
     AggregatorGrant,
     AggregatorLedger,
+    aggregator_capacity,
     choose_collective,
     estimate_costs,
 )
@@ -210,10 +211,9 @@ class Placer:
             if use:
                 self.inc_use[job.job_id] = use
                 agg = self.aggregator_free_gbps
-                for switch, gbps in use.items():
-                    tor = cluster.tors_by_id.get(switch)
-                    if tor is not None:  # a pod's spine is not a placement input
-                        agg[switch] = max(0.0, agg.get(switch, tor.aggregator_gbps) - gbps)
+                for switch, gbps in use.items():  # a ToR, or a pod for its spine
+                    free_now = agg.get(switch, aggregator_capacity(cluster, switch))
+                    agg[switch] = max(0.0, free_now - gbps)
         return result
 
 
@@ -674,12 +674,15 @@ def _units(order: Sequence[tuple[int, int]], slots: Sequence[_Slot]) -> list[Uni
 
 
 def _ledger(cluster: Cluster, agg: Mapping[str, float]) -> AggregatorLedger:
-    """Aggregator capacity other jobs hold, as the collective engine's ledger."""
+    """Aggregator capacity other jobs hold (ToRs', and pods' for their spines), as the
+    collective engine's ledger."""
     grants = []
-    for tor_id, free_gbps in sorted(agg.items()):
-        tor = cluster.tors_by_id.get(tor_id)
-        if tor is not None and free_gbps < tor.aggregator_gbps:
-            grants.append(AggregatorGrant(tor_id, _OTHERS, tor.aggregator_gbps - free_gbps))
+    for switch, free_gbps in sorted(agg.items()):
+        if switch not in cluster.tors_by_id and switch not in cluster.pods_by_id:
+            continue
+        capacity = aggregator_capacity(cluster, switch)
+        if free_gbps < capacity:
+            grants.append(AggregatorGrant(switch, _OTHERS, capacity - free_gbps))
     return AggregatorLedger(tuple(grants))
 
 

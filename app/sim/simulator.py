@@ -316,7 +316,8 @@ class Simulation:
 
     def _place_fn(self) -> Callable[..., object]:
         if self.spec.inc_aware and self.spec.optical:
-            agg = {t: self.ledger.free_gbps(self.cluster, t) for t in self.cluster.tors_by_id}
+            switches = (*self.cluster.tors_by_id, *self.cluster.pods_by_id)  # ToRs, spines
+            agg = {t: self.ledger.free_gbps(self.cluster, t) for t in switches}
             return Placer(agg, free_uplinks(self.control), self.max_extra_pods)
         return place_job
 

@@ -98,7 +98,8 @@ class Snapshot:
     used: dict[str, str]  # server id -> job id
     placed: dict[str, dict[str, Any]]  # job id -> placement JSON of placed jobs
     unexamined: frozenset[str] = frozenset()  # queued jobs no admission pass has seen
-    aggregator_used_gbps: dict[str, float] = field(default_factory=dict)  # ToR -> INC Gb/s held
+    # switch (a ToR, or a pod for its spine) -> INC Gb/s held
+    aggregator_used_gbps: dict[str, float] = field(default_factory=dict)
     # server -> epoch seconds its placed job is expected to end (jobs with walltime_s only)
     busy_until: dict[str, float] = field(default_factory=dict)
     leased: frozenset[str] = frozenset()  # queued jobs that hold a heartbeat lease

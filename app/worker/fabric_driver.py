@@ -466,9 +466,10 @@ def _plus(a: Accounting, b: Accounting) -> Accounting:
 
 def _groups(report: ReportRow, by_server: dict[str, str]) -> dict[str, tuple[Demand, ...]]:
     """The report's demands by job: those of the job it names (but a demand between
-    only other jobs' servers is theirs), else each the job's placed on its servers. A report naming a job that is not placed (unknown, queued
-    or ended) is refused, so the caller sets it aside with the reason rather than
-    drop it unseen: its bytes are not the other jobs' on those servers."""
+    only other jobs' servers is theirs), else each the job's placed on its servers.
+    A report naming a job that is not placed (unknown, queued or ended) is refused,
+    so the caller sets it aside with the reason rather than drop it unseen: its
+    bytes are not the other jobs' on those servers."""
     demands = [Demand(str(src), str(dst), float(size)) for src, dst, size in report.demands]
     if report.job_id is None:
         return attribute_demands(by_server, demands)

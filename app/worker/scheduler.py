@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass
 
 from app.engine.cluster import Cluster
+from app.engine.collective import aggregator_capacity
 from app.engine.job import Job
 from app.engine.placement import OPTICAL_EXTRA_PODS, Placer, fewest_pods, uplinks_free
 from app.engine.queue import Admission, QueuePolicy, admit_queued, needs_servers
@@ -92,9 +93,14 @@ def schedule(
         free = frozenset(cluster.server_ids).difference(snapshot.used)
         queue: list[Job] = list(snapshot.queued)
         # INC capacity other jobs leave free steers DP groups toward idle aggregators
+        # (ToRs', and pods' for their spines)
         agg_free = {
-            tor_id: max(0.0, tor.aggregator_gbps - snapshot.aggregator_used_gbps.get(tor_id, 0.0))
-            for tor_id, tor in cluster.tors_by_id.items()
+            switch: max(
+                0.0,
+                aggregator_capacity(cluster, switch)
+                - snapshot.aggregator_used_gbps.get(switch, 0.0),
+            )
+            for switch in (*cluster.tors_by_id, *cluster.pods_by_id)
         }
         place = Placer(agg_free, uplinks_free(cluster, snapshot.uplinks_held), max_extra_pods)
         admission = admit_queued(

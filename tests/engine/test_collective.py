@@ -128,13 +128,21 @@ def test_auto_avoids_inc_when_the_aggregator_is_slower_than_a_ring() -> None:
     assert not choice.inc and "inc" in choice.reason
 
 
-def test_full_aggregators_fall_back_and_say_why() -> None:
+def test_a_full_tor_aggregator_sends_the_group_to_its_spine_and_then_falls_back() -> None:
+    """A group under one ToR whose aggregator others hold fell back to ring beside its
+    pod's idle spine; it goes through the spine, and falls back once that is full too."""
     tor = SMALL.pods[0].tors[0]
-    full = AggregatorLedger((AggregatorGrant(tor.id, "other", tor.aggregator_gbps),))
+    servers = _placement([s.id for s in tor.servers])
     job = _job(4, collective=Collective.INC)
-    choice = choose_collective(SMALL, job, _placement([s.id for s in tor.servers]), full)
+    tor_full = AggregatorLedger((AggregatorGrant(tor.id, "other", tor.aggregator_gbps),))
+    choice = choose_collective(SMALL, job, servers, tor_full)
+    assert choice.inc and choice.aggregators == ("pod-0",)
+    assert {g.tor_id for g in choice.grants} == {"pod-0"}
+    spine = aggregator_capacity(SMALL, "pod-0")
+    both_full = AggregatorLedger(tor_full.grants + (AggregatorGrant("pod-0", "other", spine),))
+    choice = choose_collective(SMALL, job, servers, both_full)
     assert not choice.inc and choice.algorithm in ("ring", "tree")
-    assert "aggregators full" in choice.reason and tor.id in choice.reason
+    assert "aggregators full" in choice.reason and "pod-0" in choice.reason
 
 
 def test_forced_algorithm_is_honoured() -> None:
@@ -320,7 +328,9 @@ def _reference_costs(
     for i, members in enumerate(groups):
         tors = Counter(tor[s] for s in members)
         if len(tors) == 1:
-            streams.update(tors)
+            ((t, n),) = tors.items()
+            full = n >= 2 and free.free_gbps(cluster, t) / n < floor
+            streams[cluster.tors_by_id[t].pod_id if full else t] += n  # full: the spine
             continue
         levels = 2
         pods = Counter(pod[s] for s in members)
