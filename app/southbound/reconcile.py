@@ -199,6 +199,7 @@ def reconcile(
     decision_seq: int | None = None,
     token: int | None = None,
     holds: Callable[[], bool] | None = None,
+    unreadable: Callable[[str], None] | None = None,
 ) -> ReconcileResult:
     """One level-triggered pass: converge every OXC in `desired` to its cross-connects.
 
@@ -208,7 +209,9 @@ def reconcile(
     log lines. OXCs are handled in parallel (up to `max_parallel_oxcs`
     threads), so the driver must be thread-safe (both drivers here are).
     `token` goes with every command; `holds()` is asked before each exchange
-    (see the module's "Fenced").
+    (see the module's "Fenced"). `unreadable(oxc_id)` is called, from the OXC's
+    thread, the first time its read fails in this pass: a hung switch holds its
+    thread for all the retries, and the caller need not wait for them to say so.
     """
     policy = policy or RetryPolicy()
     rng = rng or random.Random()
@@ -230,6 +233,7 @@ def reconcile(
             f"{request_id_prefix}-{pass_id}",
             {"oxc_id": oxc_id, "decision_seq": decision_seq, "pass_id": pass_id},
             _Fencing(token, holds),
+            unreadable,
         )
 
     if len(jobs) <= 1 or max_parallel_oxcs <= 1:
@@ -289,6 +293,7 @@ def _reconcile_oxc(
     request_id_base: str,
     log_fields: dict[str, object],
     fencing: _Fencing,
+    unreadable: Callable[[str], None] | None = None,
 ) -> _OxcOutcome:
     outcome = _OxcOutcome(oxc_id)
     last_command: tuple[tuple[PortPair, ...], tuple[PortPair, ...]] | None = None
@@ -346,6 +351,8 @@ def _reconcile_oxc(
                 },
             )
         except SouthboundError as exc:
+            if outcome.confirmed is None and outcome.failed_exchanges == 0 and unreadable:
+                unreadable(oxc_id)  # its first read failed: no need to wait out the retries
             error = ReconcileError(oxc_id, exc.code, exc.detail, _is_retryable(exc))
             if not error.is_retryable:
                 outcome.error = error

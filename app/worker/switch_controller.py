@@ -74,6 +74,7 @@ class SwitchController:
         self._lock = threading.Lock()
         self.passes = 0
         self._unreachable: frozenset[str] | None = None  # as last written (None: unknown)
+        self._reachability_lock = threading.Lock()  # the pass's OXC threads write it too
         self.last: ReconcileResult | None = None
 
     def kick(self) -> None:
@@ -103,7 +104,12 @@ class SwitchController:
                         o: d for o, d in desired.items() if self._settled.get(o) != frozenset(d)
                     }
                 result = reconcile(
-                    self.driver, desired, policy=self.policy, token=token, holds=holds
+                    self.driver,
+                    desired,
+                    policy=self.policy,
+                    token=token,
+                    holds=holds,
+                    unreadable=self._unreadable,
                 )
                 if result.fenced:
                     return self._deposed(result)
@@ -131,9 +137,10 @@ class SwitchController:
                     {o for o in self._unreachable or () if o not in tried}
                     | {o for o in tried if o not in result.confirmed}
                 )
-                if unreachable != self._unreachable:  # written only when it changes
-                    self.repo.save_reachability(unreachable)
-                    self._unreachable = unreachable
+                with self._reachability_lock:
+                    if unreachable != self._unreachable:  # written only when it changes
+                        self.repo.save_reachability(unreachable)
+                        self._unreachable = unreachable
             except Exception:
                 self._saved = None  # unknown after a failed write: read the table next time
                 self._settled.clear()
@@ -154,6 +161,15 @@ class SwitchController:
         if (after != before or result.needs_replan) and self.on_failed_ports is not None:
             self.on_failed_ports()  # the planner moves circuits off failed ports
         return result
+
+    def _unreadable(self, oxc_id: str) -> None:
+        """A switch whose first read of the pass failed is shown stale at once (a hung one
+        kept its row fresh for the ~36 s its retries took); the pass's end settles it."""
+        with self._reachability_lock:
+            unreachable = (self._unreachable or frozenset()) | {oxc_id}
+            if unreachable != self._unreachable:
+                self.repo.save_reachability(unreachable)
+                self._unreachable = unreachable
 
     def reset(self) -> None:
         """Forget what the confirmed table holds (a new leader reads it once)."""

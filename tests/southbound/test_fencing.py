@@ -10,6 +10,7 @@ it was deposed.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -20,6 +21,7 @@ from app.engine.cluster import Cluster
 from app.engine.cross_connects import CrossConnect
 from app.southbound import InProcessDriver, OpticalSwitch, StaleToken
 from app.southbound.driver import HttpDriver
+from app.southbound.errors import SwitchTimeout
 from app.southbound.reconcile import RetryPolicy, reconcile
 from app.southbound.state import ConfirmedState
 from app.store.fabric_repository import ConfirmedOxc
@@ -114,6 +116,7 @@ class _Repo:
 
     def save_reachability(self, unreachable: Any) -> None:
         self.writes += 1
+        self.unreachable = frozenset(unreachable)
 
 
 class _StallingDriver:
@@ -241,3 +244,48 @@ def test_a_leader_whose_lease_lapses_mid_pass_sends_nothing_more() -> None:
     )
     assert sent == ["read", "apply"], "nothing after the lease lapsed, not even a read"
     assert result.fenced and result.errors[0].code == "fenced"
+
+
+class _HungDriver:
+    """One switch whose reads time out, each taking until the test lets it go."""
+
+    def __init__(self, inner: InProcessDriver, hung: str) -> None:
+        self.inner, self.hung = inner, hung
+        self.release = threading.Event()
+        self.reads = 0
+
+    def apply(self, oxc_id: str, *args: Any, **kw: Any) -> None:
+        self.inner.apply(oxc_id, *args, **kw)
+
+    def read(self, oxc_id: str, *, token: int | None = None) -> ConfirmedState:
+        if oxc_id == self.hung:
+            self.reads += 1
+            if self.reads > 1:  # the first times out at once, the retries hang
+                self.release.wait(10)
+            raise SwitchTimeout(f"{oxc_id} did not answer")
+        return self.inner.read(oxc_id, token=token)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def test_a_hung_switch_is_shown_unreachable_before_its_retries_run_out(
+    small_cluster: Cluster,
+) -> None:
+    """A switch that stops answering held its pass for every retry (about 36 s at the
+    driver's timeouts) before its row was marked stale; now its first failed read does."""
+    hung = small_cluster.oxcs[0].id
+    driver = _HungDriver(InProcessDriver.for_cluster(small_cluster, reconfig_ms=0.0), hung)
+    controller, repo = _controller(driver, small_cluster, [], _Lease(1))
+    thread = threading.Thread(target=controller.run_once)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 10
+        while getattr(repo, "unreachable", None) != frozenset({hung}):
+            assert time.monotonic() < deadline, "not shown unreachable during the pass"
+            time.sleep(0.01)
+        assert thread.is_alive()  # still retrying: shown before the pass ended
+    finally:
+        driver.release.set()
+        thread.join(10)
+    assert repo.unreachable == frozenset({hung})  # the pass ends agreeing
