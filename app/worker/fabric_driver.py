@@ -465,32 +465,13 @@ def _plus(a: Accounting, b: Accounting) -> Accounting:
 
 
 def _groups(report: ReportRow, by_server: dict[str, str]) -> dict[str, tuple[Demand, ...]]:
-    """The report's demands by job: those of the job it names (but a demand between
-    only other jobs' servers is theirs), else each the job's placed on its servers.
-    A report naming a job that is not placed (unknown, queued or ended) is refused,
-    so the caller sets it aside with the reason rather than drop it unseen: its
-    bytes are not the other jobs' on those servers."""
+    """The report's demands by job: all of them the job's it names, else each the job's
+    placed on its servers. A report naming a job that is not placed (unknown, queued
+    or ended) is refused, so the caller sets it aside with the reason rather than
+    drop it unseen: its bytes are not the other jobs' on those servers."""
     demands = [Demand(str(src), str(dst), float(size)) for src, dst, size in report.demands]
     if report.job_id is None:
         return attribute_demands(by_server, demands)
-    named = report.job_id
-    if named not in set(by_server.values()):
-        raise LookupError(f"job {named!r} is not placed")
-    # the named job's own demands (an end on its servers, or on no job's); one between
-    # other jobs' servers only is theirs, by placement: it used to teach the named job
-    # a cross-pod plan of servers it does not hold, and the job holding them saw nothing
-    others = [
-        d
-        for d in demands
-        if by_server.get(d.src) != named
-        and by_server.get(d.dst) != named
-        and (d.src in by_server or d.dst in by_server)
-    ]
-    if not others:
-        return {named: tuple(demands)}
-    theirs = set(map(id, others))
-    groups = attribute_demands(by_server, others)
-    mine = tuple(d for d in demands if id(d) not in theirs)
-    if mine:
-        groups[named] = mine
-    return groups
+    if report.job_id not in set(by_server.values()):
+        raise LookupError(f"job {report.job_id!r} is not placed")
+    return {report.job_id: tuple(demands)}

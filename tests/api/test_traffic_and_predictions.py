@@ -67,35 +67,6 @@ def test_a_two_stage_job_learns_period_two(server: LiveServer) -> None:
         assert p["next_plan"] in p["queue"]
 
 
-def test_a_report_naming_one_job_with_anothers_servers_is_that_jobs(server: LiveServer) -> None:
-    """Demands between servers of job `a` only, in a report naming `b`: `b` learnt a
-    cross-pod plan of servers it does not hold and `a` never saw the phase."""
-    with server.client() as c:
-        a = _job(c, "a", dp=12, pp=1)  # spans two pods of `small`
-        _job(c, "b", dp=2, pp=1)
-        servers = [u["server"] for u in a["placement"]["units"]]
-        pods = {s.split("/")[0] for s in servers}
-        assert len(pods) == 2
-        src = next(s for s in servers if s.startswith(sorted(pods)[0]))
-        dst = next(s for s in servers if s.startswith(sorted(pods)[1]))
-        report = {
-            "job_id": "b",
-            "phase_started_at": time.time(),
-            "demands": [{"src": src, "dst": dst, "bytes": 1e9}],
-        }
-        assert c.post("/v1/traffic", json={"reports": [report]}).status_code == 202
-
-        def phases(job_id: str) -> int:
-            p = c.get(f"/v1/predictions/{job_id}").json()
-            return int(p["hits"] + p["held"] + p["misses"])
-
-        deadline = time.monotonic() + 10
-        while phases("a") == 0:
-            assert time.monotonic() < deadline, "the phase never reached the job holding it"
-            time.sleep(0.1)
-        assert phases("a") == 1 and phases("b") == 0
-
-
 def test_hits_are_what_the_switches_delivered(server: LiveServer) -> None:
     rng = random.Random(11)
     with server.client() as c:
