@@ -331,6 +331,12 @@ class AdviceOut(BaseModel):
     max_microbatch: int
     memory_bytes: MemoryOut
     fits: bool
+    activations_known: bool = Field(
+        True,
+        description="false when the model states neither the layer facts nor anything else "
+        "that grows with the micro-batch: memory then bounds none (max_microbatch 65536)",
+    )
+    detail: str | None = Field(None, description="why the answer sets no bound, when it does not")
 
 
 class ServerOut(BaseModel):

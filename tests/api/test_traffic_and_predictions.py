@@ -239,18 +239,24 @@ def test_batch_size_advice_and_memory_admission(server: LiveServer) -> None:
         assert never.json()["errors"][0]["field"] == "body.parallelism"
 
 
-def test_advice_needs_facts_that_grow_with_the_micro_batch(server: LiveServer) -> None:
+def test_advice_says_when_memory_bounds_no_micro_batch(server: LiveServer) -> None:
     """Without hidden size, layers and sequence length nothing in M(b) grows with b:
-    the largest micro-batch is unknown (it used to answer 65,536), a 422 naming them."""
+    the answer used to be `max_microbatch: 65536` (the search's cap) with nothing to
+    say it was no bound; it now says so and names the missing facts."""
     model = {"parameters": 7e9, "hidden_size": 4096}
     body = {"model": model, "parallelism": {"tp": 8}, "gpu_memory_bytes": 8e10}
     with server.client() as c:
         r = c.post("/v1/advice/batch-size", json=body)
-        assert r.status_code == 422, r.text
-        assert r.headers["content-type"].startswith("application/problem+json")
-        fields = [e["field"] for e in r.json()["errors"]]
-        assert fields == ["body.model.num_layers", "body.model.seq_len"]
-        # a model that cannot fit even at b = 1 is still answered
+        assert r.status_code == 200, r.text
+        a = r.json()
+        assert a["fits"] is True and a["activations_known"] is False
+        assert a["max_microbatch"] == 65536
+        assert "model.num_layers" in a["detail"] and "model.seq_len" in a["detail"]
+        assert "model.hidden_size" not in a["detail"]
+        full = {**model, "num_layers": 32, "seq_len": 2048}
+        r = c.post("/v1/advice/batch-size", json={**body, "model": full})
+        assert r.json()["activations_known"] is True and r.json()["max_microbatch"] < 65536
+        # a model that cannot fit even at b = 1 is answered as before
         r = c.post("/v1/advice/batch-size", json={**body, "model": {"parameters": 1e12}})
         assert r.status_code == 200, r.text
         assert r.json()["fits"] is False and r.json()["max_microbatch"] == 0

@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse
 from app.engine.gpu_profiles import gpu_profile
 from app.engine.job import Job, PipelineSchedule
 from app.engine.memory import (
+    MAX_MICROBATCH,
     MemorySetup,
     Optimizer,
     check_job_memory,
@@ -56,9 +57,9 @@ async def advise_batch_size(
     When even b = 1 does not fit, `fits` is false, `max_microbatch` 0 and the
     breakdown is that of b = 1. Activations follow the pipeline `schedule`:
     GPipe (the default) holds every micro-batch of the iteration in flight, 1F1B
-    at most pp. Needs `model.hidden_size`, `num_layers` and `seq_len` (422 naming the
-    missing ones): without them nothing in M(b) grows with b, unless even b = 1 does
-    not fit.
+    at most pp. Without `model.hidden_size`, `num_layers` and `seq_len` nothing in
+    M(b) grows with b: the answer is then `max_microbatch` 65,536 (no bound from
+    memory), `activations_known: false` and a `detail` naming the missing facts.
     """
     m, par = body.model, body.parallelism
     setup = MemorySetup(
@@ -79,24 +80,19 @@ async def advise_batch_size(
     )
     with numbers_in_range():
         if not setup.activations_grow and memory_bytes(setup, 1).total <= body.gpu_memory_bytes:
+            # nothing known grows with b: memory sets no bound (and the answer says so,
+            # naming the facts that would give one; it used to answer 65,536 silently)
             missing = [f for f in ("hidden_size", "num_layers", "seq_len") if getattr(m, f) is None]
-            raise Problem(
-                422,
-                "Activation size unknown",
-                "the model fits at any micro-batch as far as its stated facts go: state "
-                + ", ".join(f"model.{f}" for f in missing)
-                + " so that activations (which grow with the micro-batch) can be counted",
-                kind="validation",
-                extra={
-                    "errors": [
-                        {
-                            "field": f"body.model.{f}",
-                            "message": "needed for advice",
-                            "type": "missing",
-                        }
-                        for f in missing
-                    ]
-                },
+            return JSONResponse(
+                {
+                    "max_microbatch": MAX_MICROBATCH,
+                    "memory_bytes": memory_bytes(setup, 1).as_dict(),
+                    "fits": True,
+                    "activations_known": False,
+                    "detail": "activations unknown: memory bounds no micro-batch; state "
+                    + ", ".join(f"model.{f}" for f in missing)
+                    + " for a bound",
+                }
             )
         advice = max_microbatch(setup, body.gpu_memory_bytes)
     return JSONResponse(
@@ -104,6 +100,7 @@ async def advise_batch_size(
             "max_microbatch": advice.max_microbatch,
             "memory_bytes": advice.memory_bytes.as_dict(),
             "fits": advice.fits,
+            "activations_known": setup.activations_grow,
         }
     )
 
