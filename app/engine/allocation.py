@@ -1209,9 +1209,7 @@ def _shrink_for(
         on_oxc = index.get((a, b))
         if on_oxc is None:
             on_oxc = index[(a, b)] = _donor_index(circuits, work, isolated, a, b)
-        heaps = cache.heaps.get((a, b))
-        if heaps is None:
-            heaps = cache.heaps[(a, b)] = {}
+        heaps = cache.heaps.setdefault((a, b), {})
         best: tuple[float, list[tuple[str, tuple[str, str, str]]]] | None = None
         for i, oxc in enumerate(ports.oxcs):
             need_a, need_b = ports.free[a][i] <= 0, ports.free[b][i] <= 0

@@ -79,14 +79,15 @@ async def advise_batch_size(
         microbatches_in_flight=in_flight(PipelineSchedule(body.schedule), par.pp, m.microbatches),
     )
     with numbers_in_range():
-        if not setup.activations_grow and memory_bytes(setup, 1).total <= body.gpu_memory_bytes:
+        first = memory_bytes(setup, 1)
+        if not setup.activations_grow and first.total <= body.gpu_memory_bytes:
             # nothing known grows with b: memory sets no bound (and the answer says so,
             # naming the facts that would give one; it used to answer 65,536 silently)
             missing = [f for f in ("hidden_size", "num_layers", "seq_len") if getattr(m, f) is None]
             return JSONResponse(
                 {
                     "max_microbatch": MAX_MICROBATCH,
-                    "memory_bytes": memory_bytes(setup, 1).as_dict(),
+                    "memory_bytes": first.as_dict(),
                     "fits": True,
                     "activations_known": False,
                     "detail": "activations unknown: memory bounds no micro-batch; state "
