@@ -475,7 +475,9 @@ def _pick_pods(
 
     `inc_group`: the job forces INC and a DP group is that many EP groups; of
     the pods that hold the job, those with a ToR that holds a DP group under an
-    aggregator with capacity left come first, when there are any.
+    aggregator with capacity left come first, then those whose spine
+    aggregator has capacity left (a group under a full ToR aggregator goes
+    into its spine), when there are any.
 
     Inside one pod: the pod whose leftover strands fewest servers for later EP
     groups (`_waste`), then best fit (fewest free servers: emptier pods stay
@@ -488,14 +490,25 @@ def _pick_pods(
     pool = [p for p in cluster.pods if pod_cap[p.id] > 0]
     fitting = [p for p in pool if pod_cap[p.id] >= need]
     if fitting and inc_group is not None:
-        fitting = [
-            p
-            for p in fitting
-            if any(
-                len(free_by_tor[t.id]) // ep >= inc_group and agg.get(t.id, t.aggregator_gbps) > 0
+
+        def tor_holds_group(p: Pod, free_aggregator: bool) -> bool:
+            return any(
+                len(free_by_tor[t.id]) // ep >= inc_group
+                and (not free_aggregator or agg.get(t.id, t.aggregator_gbps) > 0)
                 for t in p.tors
             )
-        ] or fitting
+
+        def spine_free(p: Pod) -> bool:
+            return agg.get(p.id, p.aggregator_gbps) > 0
+
+        # a ToR aggregator with room; else a group under a ToR whose full aggregator
+        # sends it into an idle spine; else any idle spine
+        fitting = (
+            [p for p in fitting if tor_holds_group(p, free_aggregator=True)]
+            or [p for p in fitting if tor_holds_group(p, free_aggregator=False) and spine_free(p)]
+            or [p for p in fitting if spine_free(p)]
+            or fitting
+        )
     if fitting:
 
         def spans(p: Pod) -> bool:
