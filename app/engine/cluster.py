@@ -130,6 +130,35 @@ class Cluster:
         return {s: i for i, s in enumerate(self.server_ids)}
 
     @cached_property
+    def oxc_joined_pods(self) -> frozenset[tuple[str, str]]:
+        """Pod pairs (a < b) some OXC has uplinks of both: a circuit can join them."""
+        out: set[tuple[str, str]] = set()
+        for oxc in self.oxcs:
+            wired = sorted(p for p, ports in oxc.pod_ports.items() if ports)
+            out.update((a, b) for i, a in enumerate(wired) for b in wired[i + 1 :])
+        return frozenset(out)
+
+    def can_join(self, a: str, b: str) -> bool:
+        """Can traffic between pods a and b cross: a circuit on some OXC, or both pods'
+        electrical cores."""
+        pair = (a, b) if a < b else (b, a)
+        if pair in self.oxc_joined_pods:
+            return True
+        pods = self.pods_by_id
+        return pods[a].electrical_gbps > 0 and pods[b].electrical_gbps > 0
+
+    @cached_property
+    def joined_pod_sets(self) -> tuple[frozenset[str], ...]:
+        """The pods split into sets whose members reach one another, hop by hop over
+        pairs `can_join` joins (one set on any fabric whose OXCs reach every pod)."""
+        sets: list[set[str]] = []
+        for pod in self.pods:
+            linked = [s for s in sets if any(self.can_join(pod.id, q) for q in s)]
+            merged = {pod.id}.union(*linked)
+            sets = [s for s in sets if s not in linked] + [merged]
+        return tuple(frozenset(s) for s in sets)
+
+    @cached_property
     def tors_by_id(self) -> dict[str, Tor]:
         return {t.id: t for p in self.pods for t in p.tors}
 

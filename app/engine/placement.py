@@ -61,10 +61,14 @@ NEVER_TOO_MANY_SERVERS = "needs more servers than the cluster has"
 NEVER_EP_WIDER_THAN_POD = "an EP group needs more servers than any pod holds"
 NEVER_TOO_MANY_EP_GROUPS = "the cluster's pods cannot hold that many EP groups at once"
 NEVER_TOO_FEW_UPLINKS = "the pods it must span have too few uplinks to join them with circuits"
+NEVER_PODS_NOT_JOINED = (
+    "no set of pods that can reach one another (an OXC wired to both pods of each pair, "
+    "or electrical cores) holds it"
+)
 NOT_NOW_BUSY = "not enough free servers for whole EP groups inside pods right now"
 NOT_NOW_UPLINKS = (
     "the free servers are on pods with too few uplinks for one circuit per pod pair it "
-    "crosses; waits for a layout whose pods have them"
+    "crosses, or on pods no OXC joins; waits for a layout whose pods have them"
 )
 NOT_NOW_SPREAD = (
     "the free servers would spread it over more pods than it needs, where uplinks are "
@@ -129,14 +133,30 @@ def never_fits(cluster: Cluster, job: Job) -> tuple[str, ...]:
         reasons.append(NEVER_TOO_MANY_EP_GROUPS)  # (ep = 1: too many servers, said above)
     else:
         # k pods joined by circuits: each needs an uplink, and a connected graph over
-        # them has at least k - 1 edges, two port ends each (the k best-wired pods)
+        # them has at least k - 1 edges, two port ends each (the k best-wired pods);
+        # pods with an electrical core send over it instead
         k = fewest_pods(cluster, job)
+        cored = sum(1 for p in cluster.pods if p.electrical_gbps > 0)
         ports = sorted((p.uplink_ports for p in cluster.pods), reverse=True)[:k]
-        if k > 1 and (min(ports) < 1 or sum(ports) < 2 * (k - 1)):
+        if k > 1 and cored < k and (min(ports) < 1 or sum(ports) < 2 * (k - 1)):
             reasons.append(
                 f"{NEVER_TOO_FEW_UPLINKS}: {k} pods, with {', '.join(map(str, ports))} uplinks"
             )
+        elif k > 1 and not reasons and not _joined_enough(cluster, job):
+            reasons.append(NEVER_PODS_NOT_JOINED)
     return tuple(reasons)
+
+
+def _joined_enough(cluster: Cluster, job: Job) -> bool:
+    """Some set of pods that can reach one another (`Cluster.joined_pod_sets`) holds the
+    job's EP groups."""
+    ep = job.parallelism.ep
+    need = job.parallelism.dp * job.parallelism.pp
+    pods = cluster.pods_by_id
+    return any(
+        sum(len(pods[p].servers) // ep for p in joined) >= need
+        for joined in cluster.joined_pod_sets
+    )
 
 
 def fewest_pods(cluster: Cluster, job: Job) -> int:
@@ -299,14 +319,21 @@ def place_job(
 
 
 def _uplinks_short(cluster: Cluster, job: Job, units: Sequence[Unit]) -> bool:
-    """Some pod of the layout has fewer uplinks (all of them) than the pod pairs it
-    crosses: it could never hold one circuit per pair, even taking turns."""
+    """The layout crosses a pod pair nothing can join (no OXC has uplinks of both,
+    nor do both have an electrical core), or some pod of it has fewer uplinks (all
+    of them) than the pod pairs it crosses and no electrical core: it could never
+    hold one circuit per pair, even taking turns."""
     demand = job_demand(cluster, job, Placement(job.job_id, tuple(units)))
+    pods = cluster.pods_by_id
     degree: dict[str, int] = {}
     for a, b, _ in demand.pair_bytes:
+        if not cluster.can_join(a, b):
+            return True
         degree[a] = degree.get(a, 0) + 1
         degree[b] = degree.get(b, 0) + 1
-    return any(cluster.pods_by_id[p].uplink_ports < n for p, n in degree.items())
+    return any(
+        pods[p].uplink_ports < n and not pods[p].electrical_gbps > 0 for p, n in degree.items()
+    )
 
 
 def _ports_short(
@@ -533,6 +560,21 @@ def _pick_pods(
     def uplinks(p: Pod) -> int:
         return 0 if ports[p.id] > 0 else 1
 
+    joined = cluster.joined_pod_sets
+    if len(joined) > 1:
+        # pods that reach one another only (a fabric whose OXCs do not reach every
+        # pod): the set that holds the job in the fewest pods, then the fullest; when
+        # none holds it, its layout crosses sets and it waits (`_uplinks_short`)
+        def cost(pods: list[Pod]) -> tuple[int, int]:
+            caps = sorted((pod_cap[p.id] for p in pods), reverse=True)
+            held = n = 0
+            while held < need and n < len(caps):
+                held, n = held + caps[n], n + 1
+            return (n if held >= need else len(cluster.pods) + 1, sum(caps))
+
+        best = min(([p for p in pool if p.id in s] for s in joined), key=cost)
+        if cost(best)[0] <= len(cluster.pods):
+            pool = best
     pool.sort(key=lambda p: (-pod_cap[p.id], uplinks(p), -ports[p.id], p.id))
     chosen: list[tuple[Pod, int]] = []
     remaining = need

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from app.engine.allocation import job_demand
-from app.engine.cluster import Cluster, build_cluster, preset
+from app.engine.cluster import Cluster, Oxc, build_cluster, preset
 from app.engine.collective import AggregatorLedger, choose_collective
 from app.engine.job import Collective, Job, ModelFacts, Parallelism, Placement, Unplaceable
 from app.engine.placement import (
+    NEVER_PODS_NOT_JOINED,
     NEVER_TOO_FEW_UPLINKS,
     NOT_NOW_BUSY,
     NOT_NOW_SPREAD,
@@ -598,3 +600,84 @@ def test_a_job_whose_pods_cannot_be_joined_by_circuits_never_fits() -> None:
     assert never_fits(STARVED, pair) == ()
     placed = place_job(STARVED, set(STARVED.server_ids), pair)
     assert isinstance(placed, Placement)
+
+
+def _split_fabric(electrical_gbps: float = 0.0) -> Cluster:
+    """`small`'s 4 pods with pods 0-1 wired only to oxc-0 and pods 2-3 only to oxc-1."""
+    base = build_cluster(
+        "split",
+        pods=4,
+        tors_per_pod=2,
+        servers_per_tor=4,
+        uplink_ports_per_pod=16,
+        oxcs=2,
+        oxc_ports=64,
+        pod_electrical_gbps=electrical_gbps,
+    )
+    halves = [("oxc-0", ("pod-0", "pod-1")), ("oxc-1", ("pod-2", "pod-3"))]
+    reconfig_ms = base.oxcs[0].reconfig_ms
+    oxcs = tuple(
+        Oxc(
+            oxc,
+            64,
+            reconfig_ms,
+            {p: tuple(range(16 * i, 16 * (i + 1))) for i, p in enumerate(pods)},
+        )
+        for oxc, pods in halves
+    )
+    return dataclasses.replace(base, oxcs=oxcs)
+
+
+def test_a_job_never_spans_pods_no_oxc_joins() -> None:
+    """A fabric whose OXCs reach pods 0-1 and pods 2-3 apart (a helper's held-out
+    cluster file): a job needing all four pods was placed with its pipeline's flows
+    between the halves unrouted and reported `shared` on circuits that could never
+    carry them. It never fits; a smaller one goes into one half; with only servers
+    across the halves free it waits."""
+    cluster = _split_fabric()
+    assert cluster.joined_pod_sets == (
+        frozenset({"pod-0", "pod-1"}),
+        frozenset({"pod-2", "pod-3"}),
+    )
+    whole = place_job(cluster, set(cluster.server_ids), _job(32, model=FACTS))
+    assert isinstance(whole, Unplaceable) and whole.never_fits
+    assert whole.reasons == (NEVER_PODS_NOT_JOINED,)
+    job = Job("half", Parallelism(dp=6, pp=2), FACTS)
+    free = {s for s in cluster.server_ids if not s.startswith("pod-0/")}
+    placed = place_job(cluster, free, job)
+    assert isinstance(placed, Placement)
+    assert {cluster.server(s).pod_id for s in placed.servers} == {"pod-2", "pod-3"}
+    across = {s for s in cluster.server_ids if s.startswith(("pod-1/", "pod-2/"))}
+    waits = place_job(cluster, across, job)
+    assert isinstance(waits, Unplaceable) and waits.reasons == (NOT_NOW_UPLINKS,)
+    # electrical cores join every pod: the same job spans the halves over them
+    cored = _split_fabric(electrical_gbps=800.0)
+    assert len(cored.joined_pod_sets) == 1
+    assert isinstance(place_job(cored, set(cored.server_ids), _job(32, model=FACTS)), Placement)
+    assert isinstance(place_job(cored, across, job), Placement)
+
+
+def test_pods_with_an_electrical_core_need_no_uplinks_to_be_joined() -> None:
+    """One uplink per pod and an 800 Gb/s electrical core each (a helper's held-out
+    cluster): a 24-server job over three pods was refused as never fitting for want
+    of uplinks, though the core carries what circuits cannot."""
+
+    def thin(electrical_gbps: float) -> Cluster:
+        return build_cluster(
+            "thin",
+            pods=4,
+            tors_per_pod=2,
+            servers_per_tor=4,
+            uplink_ports_per_pod=1,
+            oxcs=1,
+            oxc_ports=4,
+            pod_electrical_gbps=electrical_gbps,
+        )
+
+    bare = thin(0.0)
+    job = Job("wide", Parallelism(dp=8, pp=3), FACTS)
+    refused = place_job(bare, set(bare.server_ids), job)
+    assert isinstance(refused, Unplaceable) and refused.never_fits
+    assert refused.reasons[0].startswith(NEVER_TOO_FEW_UPLINKS)
+    cored = thin(800.0)
+    assert isinstance(place_job(cored, set(cored.server_ids), job), Placement)
