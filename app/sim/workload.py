@@ -51,6 +51,11 @@ class WorkloadError(ValueError):
     """A workload file or trace cannot be read; the message names the line and field."""
 
 
+# a century of seconds: later arrivals lose the iteration times added to them in
+# float arithmetic (an arrival at 1e300 s ran in no time, slowdown 0)
+MAX_ARRIVAL_S = 3.2e9
+
+
 @dataclass(frozen=True, slots=True)
 class WorkloadJob:
     """One job of a workload: the engine's Job, when it arrives, how long it trains."""
@@ -102,8 +107,10 @@ def parse_workload_job(data: object, where: str = "job", order: int = 0) -> Work
         valid = JobIn.model_validate_json(json.dumps(body, allow_nan=True))
     except ValidationError as exc:
         raise WorkloadError(f"{where}: {_errors(exc)}") from None
-    if not _is_number(arrival) or arrival < 0:
-        raise WorkloadError(f"{where}: arrival_s must be a finite number >= 0, got {arrival!r}")
+    if not _is_number(arrival) or not 0 <= arrival <= MAX_ARRIVAL_S:
+        raise WorkloadError(
+            f"{where}: arrival_s must be a number from 0 to {MAX_ARRIVAL_S:g}, got {arrival!r}"
+        )
     if not _is_int(iterations) or iterations < 1:
         raise WorkloadError(f"{where}: iterations must be an integer >= 1, got {iterations!r}")
     job = job_from_body(valid.job_id, valid.stored_body(), order)
@@ -329,7 +336,9 @@ def from_kalos_trace(
     path = Path(trace_path)
     records = [_normalised_kalos_row(r) for r in read_trace_rows(path)]
     needed = {"job_id", "arrival_s", "duration_s", "num_gpus"}
-    if not records or not needed <= set(records[0]):
+    if not records:
+        raise WorkloadError(f"{path}: the trace holds no jobs (a header and no rows)")
+    if not needed <= set(records[0]):
         raise WorkloadError(f"{path}: expected columns {', '.join(sorted(needed))}")
     parsed = []
     seen: set[str] = set()
@@ -342,13 +351,16 @@ def from_kalos_trace(
         if trace_id in seen:
             raise WorkloadError(f"{where}: duplicate job_id {trace_id}")
         seen.add(trace_id)
+        missing = [c for c in sorted(needed) if not r.get(c)]
+        if missing:
+            raise WorkloadError(f"{where}: no value for {', '.join(missing)}")
         try:
             arrival, duration = float(r["arrival_s"]), float(r["duration_s"])
             gpus = float(r["num_gpus"])
         except (TypeError, ValueError) as exc:
             raise WorkloadError(f"{where}: {exc}") from exc
-        if not (math.isfinite(arrival) and arrival >= 0):
-            raise WorkloadError(f"{where}: arrival_s must be a finite number >= 0")
+        if not 0 <= arrival <= MAX_ARRIVAL_S:
+            raise WorkloadError(f"{where}: arrival_s must be a number from 0 to {MAX_ARRIVAL_S:g}")
         if not (math.isfinite(duration) and duration > 0):
             raise WorkloadError(f"{where}: duration_s must be a finite number > 0")
         if not (math.isfinite(gpus) and gpus >= 1):
@@ -373,6 +385,7 @@ def from_kalos_trace(
 
 __all__ = [
     "DEFAULT_GPU_TFLOPS",
+    "MAX_ARRIVAL_S",
     "ModelRow",
     "WorkloadError",
     "WorkloadJob",

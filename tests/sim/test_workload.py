@@ -80,7 +80,10 @@ def test_every_field_of_the_api_body_is_a_workload_field(tmp_path: Path) -> None
         ({k: v for k, v in GOOD.items() if k != "iterations"}, "missing required field iterations"),
         ({**GOOD, "iterations": 0}, "iterations must be an integer >= 1"),
         ({**GOOD, "iterations": 2.5}, "iterations must be an integer >= 1"),
-        ({**GOOD, "arrival_s": -1}, "arrival_s must be a finite number >= 0"),
+        ({**GOOD, "arrival_s": -1}, "arrival_s must be a number from 0 to 3.2e+09"),
+        # an arrival at 1e300 s ran in no time (iteration times vanish beside it):
+        # slowdown 0, below the ideal fabric's 1
+        ({**GOOD, "arrival_s": 1e300}, "arrival_s must be a number from 0 to 3.2e+09"),
         ({**GOOD, "parallelism": {"dp": "8", "pp": 1}}, "parallelism.dp: Input should be a valid"),
         ({**GOOD, "parallelism": {"dp": True, "pp": 1}}, "parallelism.dp: Input should be a valid"),
         ({**GOOD, "collective": "magic"}, "collective: Input should be 'auto'"),
@@ -179,3 +182,14 @@ def test_importer_errors(tmp_path: Path) -> None:
     assert run_from_trace(str(bad), str(tmp_path / "o.jsonl"), None, 0) == 2
     with pytest.raises(WorkloadError, match="--jobs"):
         from_kalos_trace(TRACE, jobs=0)
+    # a header and no rows said the columns were missing; a short row, a float() error
+    header = "job_id,arrival_s,duration_s,num_gpus\n"
+    bad.write_text(header)
+    with pytest.raises(WorkloadError, match="holds no jobs"):
+        from_kalos_trace(bad)
+    bad.write_text(header + "j1,0,100\n")
+    with pytest.raises(WorkloadError, match=r"bad.csv:2: no value for num_gpus"):
+        from_kalos_trace(bad)
+    bad.write_text(header + "j1,1e300,100,8\n")
+    with pytest.raises(WorkloadError, match="arrival_s must be a number from 0 to"):
+        from_kalos_trace(bad)
