@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from .allocation import (
@@ -353,6 +353,55 @@ def step(state: ControllerState, event: Event) -> tuple[ControllerState, tuple[D
     if isinstance(event, PortsChanged):
         return _ports_changed(state, event)
     return _tick(state, event)
+
+
+def restore(
+    state: ControllerState, events: Iterable[Event], restored: Collection[str]
+) -> tuple[ControllerState, tuple[Decision, ...]]:
+    """A new leader's first pass: `events` stepped in, with the jobs placed before it
+    (`restored`, stepped in by `JobPlaced` one by one) decided as a reconciliation.
+
+    The switches hold `state.desired` (the stored plan). Stepping the jobs in one
+    by one tears down the circuits of jobs not stepped in yet and builds them
+    again; a log consumer replaying that would do the same. So a cross-connect
+    goes out only where the pass changes it from the stored plan (its last change),
+    a restored job's header only once per phase (its last), and the restored
+    jobs' decisions carry reason `reconcile`. Jobs new in this pass are decided
+    as any arrival.
+    """
+    before = {cc.key for cc in state.desired}
+    made: list[Decision] = []
+    for event in events:
+        state, decided = step(state, event)
+        made.extend(decided)
+    after = {cc.key for cc in state.desired}
+    changed = before ^ after
+    last_op: dict[tuple[str, int, int], int] = {}  # cross-connect -> its last decision
+    last_header: dict[tuple[str | None, str], int] = {}
+    for i, d in enumerate(made):
+        if d.oxc is not None:
+            for a, b in (*d.oxc.connect, *d.oxc.disconnect):
+                last_op[(d.oxc.oxc_id, a, b)] = i
+        elif d.routing is not None and d.job_id in restored:
+            last_header[(d.job_id, d.routing.phase)] = i
+    kept_headers = set(last_header.values())
+    out: list[Decision] = []
+    for i, d in enumerate(made):
+        reason = "reconcile" if d.job_id in restored else d.reason
+        if d.oxc is not None:
+            o, keys = d.oxc, [(d.oxc.oxc_id, a, b) for a, b in (*d.oxc.connect, *d.oxc.disconnect)]
+            mine = {k[1:] for k in keys if k in changed and last_op[k] == i}
+            connect = tuple(p for p in o.connect if p in mine)
+            disconnect = tuple(p for p in o.disconnect if p in mine)
+            if connect or disconnect:
+                net = replace(o, connect=connect, disconnect=disconnect)
+                out.append(replace(d, reason=reason, oxc=net))
+        elif d.routing is not None and d.job_id in restored:
+            if i in kept_headers:
+                out.append(replace(d, reason=reason))
+        else:
+            out.append(replace(d, reason=reason))
+    return state, tuple(out)
 
 
 def _ports_changed(
@@ -1311,5 +1360,6 @@ __all__ = [
     "free_uplinks",
     "network_view",
     "new_controller",
+    "restore",
     "step",
 ]

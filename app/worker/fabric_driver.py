@@ -44,6 +44,7 @@ from app.engine.controller import (
     Tick,
     network_view,
     new_controller,
+    restore,
     step,
 )
 from app.engine.cross_connects import CrossConnect, realised_circuits
@@ -207,7 +208,10 @@ class FabricDriver:
             self._take_stored_counts(memory, [r.job.job_id for r in fresh])
         events.append(Tick(now))
         self.yield_to()
-        decisions = self._apply(events)
+        # a new leader's first pass: the jobs a previous pass had viewed (a stored
+        # collective) are reconciled with the stored plan, not arrivals
+        restored = {r.job.job_id for r in fresh if r.collective is not None} if loading else None
+        decisions = self._apply(events, restored=restored)
         if loading:
             # every placed job's plan is now in memory for the leader's lifetime: take
             # it out of the collector's generations so full collections stay short
@@ -254,20 +258,28 @@ class FabricDriver:
             except queue.Empty:
                 return out
 
-    def _apply(self, events: Iterable[Event]) -> list[Decision]:
+    def _apply(
+        self, events: Iterable[Event], *, restored: set[str] | None = None
+    ) -> list[Decision]:
         before = self._accounts()
-        decisions = self._step(events)
+        decisions = self._step(events, restored=restored)
         self._count_since(before)
         return decisions
 
-    def _step(self, events: Iterable[Event]) -> list[Decision]:
-        """Step the controller through `events`; the memory changes only if all succeed."""
+    def _step(self, events: Iterable[Event], *, restored: set[str] | None = None) -> list[Decision]:
+        """Step the controller through `events` (a new leader's first pass, with the
+        jobs it `restored`: `engine.controller.restore`); the memory changes only if
+        all succeed."""
         assert self.memory is not None
         state = self.memory.state
         decisions: list[Decision] = []
-        for event in events:
-            state, made = step(state, event)
+        if restored is not None:
+            state, made = restore(state, events, restored)
             decisions.extend(made)
+        else:
+            for event in events:
+                state, made = step(state, event)
+                decisions.extend(made)
         self.memory.state = state
         return decisions
 

@@ -138,8 +138,9 @@ def test_reactive_rewires_only_when_the_saving_pays() -> None:
 # ---------------------------------------------------------------- a job that cannot progress
 
 
-def test_a_job_whose_circuits_cannot_carry_it_is_reported_not_hung() -> None:
-    # two OXCs, each wired to one pod only: no circuit can ever join pod-1 and pod-2
+def test_a_job_no_circuit_could_carry_is_refused_not_hung() -> None:
+    # two OXCs, each wired to one pod only: no circuit can ever join pod-1 and pod-2.
+    # The job spanning both was placed and reported stalled; it now never fits.
     cluster = cluster_from_dict(
         {
             "name": "split",
@@ -165,9 +166,9 @@ def test_a_job_whose_circuits_cannot_carry_it_is_reported_not_hung() -> None:
     ]
     result = simulate(cluster, jobs, "lightpath")
     wide, nxt = result.jobs
-    assert wide.stalled and wide.end_s is None
+    assert wide.refused and wide.end_s is None and not wide.stalled
     assert nxt.end_s is not None  # the queue behind it was served
-    assert summarize(result)["jobs_stalled"] == 1
+    assert summarize(result)["jobs_refused"] == 1
 
 
 # ---------------------------------------------------------------- bounds and determinism

@@ -334,3 +334,30 @@ def test_scheduling_counts_the_aggregators_a_job_it_just_placed_will_be_granted(
     assert cache.view().aggregators == {t: 800.0 for t in tors[0] | tors[1]}
     cache.set_collective("first", {"aggregator_grants": []})
     assert cache.view().aggregators == {t: 800.0 for t in tors[1]}
+
+
+def test_a_new_leader_logs_no_teardown_of_circuits_the_switches_already_hold(
+    store: Store,
+) -> None:
+    """A restart replayed the placed jobs one by one: the first (inside a pod) was
+    planned without the second, so the log said to disconnect the second's circuits,
+    then to connect them again, both as `arrival` (a sweep, on every stack). A log
+    consumer replaying that drops a running job's circuits on every restart. The new
+    leader's first pass now logs only the net change from the stored plan (none
+    here) and the jobs' headers again, as `reconcile`."""
+    fabric, controller = _fabric_and_switches(store)
+    _submit(store, "one", 2)  # inside a pod of `small`, placed first
+    _submit(store, "wide", 12)  # more than a pod: it needs cross-connects
+    schedule(store, SMALL, QueuePolicy.FIFO, backfill=True, reason="arrival")
+    fabric.sync("arrival")
+    controller.run_once()
+    held = fabric.committed
+    assert held
+    last = store.last_decision_seq()
+    fabric.reset()  # a new leader (or a restart): the memory is rebuilt from the store
+    fabric.sync("reconcile")
+    after = store.decisions_after(last, 1000)
+    assert [d for d in after if d.kind == "oxc"] == []
+    assert after and {d.reason for d in after} == {"reconcile"}
+    assert {d.job_id for d in after} <= {"one", "wide"}
+    assert fabric.committed is not None and set(fabric.committed) == set(held)
