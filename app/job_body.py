@@ -15,6 +15,7 @@ NaN and infinities. pydantic only: no web framework.
 from __future__ import annotations
 
 import datetime as dt
+import math
 import re
 from typing import Annotated, Any, Literal
 
@@ -112,8 +113,9 @@ JOB_EXAMPLE: dict[str, Any] = {
 
 
 # RFC 3339 date-time (a missing offset is read as UTC)
-# the last second a deadline may name: 9999-12-31T23:59:59Z (no earlier than the epoch)
-LAST_DEADLINE_S = 253_402_300_799.0
+# deadlines run from the epoch to the end of 9999-12-31 (UTC), exclusive
+DEADLINE_END_S = 253_402_300_800.0
+_LAST_MICROSECOND = dt.datetime(9999, 12, 31, 23, 59, 59, 999_999, tzinfo=dt.UTC)
 _DATE_TIME = re.compile(r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})?$")
 
 
@@ -162,12 +164,16 @@ class JobIn(StrictModel):
         if isinstance(value, dt.datetime):
             if value.tzinfo is None:
                 value = value.replace(tzinfo=dt.UTC)
-            value = value.timestamp()
+            stamp = value.timestamp()
+            if stamp == DEADLINE_END_S and value <= _LAST_MICROSECOND:
+                # 9999-12-31T23:59:59.999999Z is the end itself as a float
+                stamp = math.nextafter(DEADLINE_END_S, 0.0)
+            value = stamp
         if value is None:
             return None
         if value != value or value in (float("inf"), float("-inf")):
             raise ValueError("deadline must be a finite number")
-        if not 0 <= value <= LAST_DEADLINE_S:
+        if not 0 <= value < DEADLINE_END_S:
             raise ValueError("deadline must fall between 1970-01-01 and 9999-12-31 (UTC)")
         return value
 

@@ -186,8 +186,9 @@ def format_jobs(jobs: Sequence[Job]) -> str:
     rows: list[Sequence[Any]] = [("JOB_ID", "STATE", "SERVERS", "DPxPPxEP", "AGE", "NOTE")]
     for j in jobs:
         note = j.queue_reason if j.state == "queued" else (j.end_reason or "")
-        if j.exit_code is not None:
-            note = f"exit {j.exit_code}: {note}"
+        if j.exit_code is not None and note != f"exit {j.exit_code}":
+            # (a failure with no reason is given "exit N" as its reason: said once)
+            note = f"exit {j.exit_code}: {note}" if note else f"exit {j.exit_code}"
         rows.append(
             (
                 j.job_id,

@@ -294,3 +294,18 @@ def test_an_empty_plan_id_is_refused() -> None:
         result = _run("predict", *plans)
         assert result.returncode == 2, plans
         assert "plan id" in result.stderr
+
+
+def test_a_failure_without_a_reason_shows_its_exit_code_once() -> None:
+    """`fail` with only an exit code stores "exit N" as the reason: `lightpath jobs`
+    showed `exit -1: exit -1`."""
+    from lightpath_client._models import Job
+    from lightpath_client.cli import format_jobs
+
+    def failed(code: int, reason: str) -> Job:
+        body = {"job_id": "f", "state": "failed", "parallelism": {"dp": 1, "pp": 1}}
+        return Job.from_dict({**body, "exit_code": code, "end_reason": reason})
+
+    assert format_jobs([failed(-1, "exit -1")]).splitlines()[1].endswith("exit -1")
+    assert "exit -1: exit -1" not in format_jobs([failed(-1, "exit -1")])
+    assert format_jobs([failed(137, "oom")]).splitlines()[1].endswith("exit 137: oom")

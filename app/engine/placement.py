@@ -572,9 +572,9 @@ def _pick_pods(
                 held, n = held + caps[n], n + 1
             return (n if held >= need else len(cluster.pods) + 1, sum(caps))
 
-        best = min(([p for p in pool if p.id in s] for s in joined), key=cost)
-        if cost(best)[0] <= len(cluster.pods):
-            pool = best
+        within = min(([p for p in pool if p.id in s] for s in joined), key=cost)
+        if cost(within)[0] <= len(cluster.pods):
+            pool = within
     pool.sort(key=lambda p: (-pod_cap[p.id], uplinks(p), -ports[p.id], p.id))
     chosen: list[tuple[Pod, int]] = []
     remaining = need

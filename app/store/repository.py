@@ -546,6 +546,24 @@ class Store:
             for r in rows
         ]
 
+    def grant_leases(self, since: dt.datetime) -> list[str]:
+        """A new leader's grace: every placed job with a lease last heard from before
+        `since` counts as heard from then (a launcher's heartbeats may have been refused
+        while no leader ran). Returns the jobs whose lease moved."""
+        placed = (t.jobs.c.state == JobState.PLACED.value, t.jobs.c.lease_s.is_not(None))
+        silent = (t.jobs.c.placed_at < since) & (
+            t.jobs.c.heartbeat_at.is_(None) | (t.jobs.c.heartbeat_at < since)
+        )
+        with self.write_engine.begin() as conn:
+            ids = [r.job_id for r in conn.execute(select(t.jobs.c.job_id).where(*placed, silent))]
+            if ids:
+                conn.execute(
+                    update(t.jobs)
+                    .where(t.jobs.c.job_id.in_(ids), *placed, silent)
+                    .values(heartbeat_at=since)
+                )
+        return ids
+
     def expire_lease(self, lease: JobLease) -> bool:
         """Fail a job whose lease ran out, unless a heartbeat landed since `lease` was read."""
         now = utcnow()

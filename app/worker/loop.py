@@ -24,6 +24,7 @@ admitted on half of it.
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import sys
 import threading
@@ -93,6 +94,7 @@ class Worker:
         # when this worker began leading: launchers' silence before it is not held
         # against their leases (their heartbeats may have been refused meanwhile)
         self.leading_since = time.time()
+        self._leases_granted = False  # `expire_leases` gives them lease_s from then, once
         self.fabric = FabricLoop(
             driver,
             metrics,
@@ -121,7 +123,17 @@ class Worker:
         return self.fabric.replan
 
     def expire_leases(self) -> set[str]:
-        """Fail placed jobs whose heartbeat lease ran out (freeing their servers)."""
+        """Fail placed jobs whose heartbeat lease ran out (freeing their servers).
+
+        First, once per leadership, every lease gets its full `lease_s` from when this
+        worker began leading, written as a heartbeat so the job view's
+        `lease_expires_at` says so too (it kept the old, already past, time)."""
+        if not self._leases_granted:
+            since = dt.datetime.fromtimestamp(self.leading_since, dt.UTC)
+            granted = self.store.grant_leases(since)
+            self._leases_granted = True
+            if granted:
+                self.bus.announce(JobsChanged(tuple(sorted(granted))))
         expired: set[str] = set()
         if self.placed.warm and not self.placed.any_leased():
             return expired  # no placed job holds a lease: nothing to read
@@ -196,6 +208,7 @@ class Worker:
         """
         self.placed.clear()
         self.leading_since = time.time()
+        self._leases_granted = False
         if self.fabric_process is not None:
             self.fabric_process.reset()
         else:

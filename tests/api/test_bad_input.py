@@ -43,7 +43,28 @@ CASES = [
     ("deadline past year 9999", {**GOOD, "deadline": 1e308}, 422, "body.deadline"),
     ("deadline before 1970", {**GOOD, "deadline": -1e300}, 422, "body.deadline"),
     ("deadline in year 1", {**GOOD, "deadline": "0001-01-01T00:00:00Z"}, 422, "body.deadline"),
+    ("deadline at year 10000", {**GOOD, "deadline": 253402300800.0}, 422, "body.deadline"),
+    (
+        "deadline in 10000 UTC",
+        {**GOOD, "deadline": "9999-12-31T23:59:59-05:00"},
+        422,
+        "body.deadline",
+    ),
 ]
+
+
+def test_deadlines_late_on_the_last_day_of_9999_are_accepted(server: LiveServer) -> None:
+    """The README admits 1970 to 9999; a sweep found the last second's fractions refused
+    (the bound was 23:59:59 exactly) and the last microsecond is 10000 as a float."""
+    with server.client() as c:
+        for n, deadline in enumerate(
+            ["9999-12-31T23:59:59.999999Z", 253402300799.5, "9999-12-31T23:59:59Z"]
+        ):
+            job = {**GOOD, "job_id": f"late-{n}", "deadline": deadline}
+            r = c.post("/v1/jobs", json=job)
+            assert r.status_code in (201, 202), r.text
+            assert 253402300799 <= r.json()["deadline"] < 253402300800
+            assert c.post("/v1/jobs", json=job).status_code == 200  # idempotent
 
 
 @pytest.mark.parametrize(("name", "body", "status", "field"), CASES, ids=[c[0] for c in CASES])
@@ -112,6 +133,23 @@ def test_complete_and_heartbeat_take_no_body_or_an_empty_object(server: LiveServ
         assert c.post("/v1/jobs/beat/heartbeat").status_code == 200
         assert c.post("/v1/jobs/beat/complete", json={}).status_code == 200
         assert c.post("/v1/jobs/beat/complete").json()["state"] == "completed"
+
+
+def test_delete_takes_no_body_or_an_empty_object(server: LiveServer) -> None:
+    """DELETE cancelled the job whatever body came with it (a sweep: `this is not json`
+    and unknown fields answered 200, cancelled), where complete and heartbeat refuse."""
+    json_type = {"content-type": "application/json"}
+    with server.client() as c:
+        for job_id in ("del-a", "del-b"):
+            job = {"job_id": job_id, "parallelism": {"dp": 1, "pp": 1}}
+            assert c.post("/v1/jobs", json=job).status_code in (201, 202)
+        r = c.request("DELETE", "/v1/jobs/del-a", content=b"junk", headers=json_type)
+        assert r.status_code == 400 and r.json()["type"].endswith("/malformed-json"), r.text
+        r = c.request("DELETE", "/v1/jobs/del-a", json={"unexpected": 1})
+        assert r.status_code == 422 and r.json()["errors"][0]["field"] == "body.unexpected"
+        assert c.get("/v1/jobs/del-a").json()["state"] == "placed"
+        assert c.request("DELETE", "/v1/jobs/del-a", json={}).json()["state"] == "cancelled"
+        assert c.delete("/v1/jobs/del-b").json()["state"] == "cancelled"
 
 
 def test_nan_in_numbers_is_refused(server: LiveServer) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -272,7 +273,11 @@ def test_a_restart_gives_leased_jobs_a_full_lease_before_failing_them(settings: 
     try:
         with again.client() as c:
             time.sleep(1.0)  # several worker ticks
-            assert c.get("/v1/jobs/leased").json()["state"] == "placed"
+            view = c.get("/v1/jobs/leased").json()
+            assert view["state"] == "placed"
+            # and the view says so: it showed the old expiry, already past (a sweep)
+            expires = dt.datetime.fromisoformat(view["lease_expires_at"].replace("Z", "+00:00"))
+            assert expires > dt.datetime.now(dt.UTC)
             assert c.post("/v1/jobs/leased/heartbeat").status_code == 200
             deadline = time.monotonic() + 15  # now silent: the lease runs out
             while c.get("/v1/jobs/leased").json()["state"] == "placed":

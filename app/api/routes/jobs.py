@@ -420,8 +420,10 @@ async def cancel_job(
     request: Request,
     services: ServicesDep,
     scope: Annotated[Any, require("launcher")],
+    _body: Annotated[EmptyIn | None, Body()] = None,
 ) -> JSONResponse:
-    """State `cancelled`; a placed job's servers, ports and aggregators are freed. Idempotent."""
+    """State `cancelled`; a placed job's servers, ports and aggregators are freed. Idempotent.
+    No body, or `{}` (malformed JSON 400, fields 422: the job is not cancelled)."""
     return await _end(services, request, scope, job_id, JobState.CANCELLED, reason="cancelled")
 
 
