@@ -108,7 +108,7 @@ class JobOut(BaseModel):
 
 
 class EmptyIn(StrictModel):
-    """The body of `complete` and `heartbeat`: none, or `{}`."""
+    """The body of `complete`, `heartbeat` and `DELETE`: none, or `{}`."""
 
     model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{}]})
 

@@ -719,6 +719,10 @@ def allocate_ports(
         assignment = _host_assignment(mine_pool, list(work[j].bytes))
         if assignment is None:
             continue
+        # and every other circuit the pool's ports on its pods can make on its pairs,
+        # slowest pair first: its ports do not shrink as it leaves the turns (it held
+        # 3 ports of a pod in turns, and 1 of its own after another sharer completed)
+        assignment += _more_circuits(mine_pool, assignment, work[j])
         shared.remove(j)
         for key, n in mine_pool.items():
             ports.give(key[0], key[1], key[2], n)
@@ -1096,6 +1100,39 @@ def _host_assignment(
     cannot join them all."""
     assignment, missing = _host(pool, pairs)
     return None if missing else assignment
+
+
+def _more_circuits(
+    pool: Mapping[tuple[str, str, str], int], placed: Sequence[tuple[str, str, str]], w: _Job
+) -> list[tuple[str, str, str]]:
+    """Circuits on `w`'s pairs the pool's ports still make once `placed` took theirs:
+    the pair with most bytes per circuit first, on the OXC with most room on both pods."""
+    room: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    for (o, x, y), n in pool.items():
+        room[o][x] += n
+        room[o][y] += n
+    have: dict[tuple[str, str], int] = defaultdict(int)
+    for o, a, b in placed:
+        room[o][a] -= 1
+        room[o][b] -= 1
+        have[(a, b)] += 1
+    out: list[tuple[str, str, str]] = []
+    pairs = set(w.bytes)
+    while pairs:
+        a, b = max(pairs, key=lambda k: (w.bytes[k] / (have[k] + 1), k))
+        best = max(
+            (o for o, r in room.items() if r[a] > 0 and r[b] > 0),
+            key=lambda o: (min(room[o][a], room[o][b]), o),
+            default=None,
+        )
+        if best is None:
+            pairs.discard((a, b))
+            continue
+        room[best][a] -= 1
+        room[best][b] -= 1
+        have[(a, b)] += 1
+        out.append((best, a, b))
+    return out
 
 
 def _unhosted(

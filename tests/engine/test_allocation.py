@@ -531,3 +531,34 @@ def test_numbers_past_any_real_job_neither_raise_nor_starve_the_others(
     _check_served(demands, alloc, electrical)
     for ja in alloc.jobs:
         assert not math.isnan(ja.estimated_slowdown), ja
+
+
+def test_a_sharer_left_alone_by_a_completion_keeps_the_pools_ports() -> None:
+    """Hypothesis found it: two jobs took turns on a pool holding 3 circuits on pod-2;
+    when one completed, the other took one circuit per pair of its own (what makes it
+    non-blocking) and gave the rest back, so its ports on pod-2 fell from 1.5 (3 in
+    turns of 2) to 1. A lone sharer now turns every circuit the pool's ports on its
+    pods can make on its pairs into its own."""
+    cluster = _cluster(5, 3, 3)
+    pods = [p.id for p in cluster.pods]
+    every = tuple((p, 1) for p in pods)
+
+    def demand(
+        job_id: str, pairs: list[tuple[int, int]], want: tuple[tuple[str, int], ...]
+    ) -> JobDemand:
+        return JobDemand(job_id, tuple((pods[a], pods[b], 1e6) for a, b in pairs), want)
+
+    demands = [
+        demand("j0", [(0, 1), (1, 2)], tuple((p, 1) for p in pods[:3])),
+        demand("j1", [(0, 1), (0, 2), (0, 4)], every),
+        demand("j2", [(0, 1), (0, 4), (2, 4)], every),
+        demand("j3", [(0, 1), (0, 2), (0, 3), (0, 4), (1, 4), (2, 4)], every),
+    ]
+    before = allocate_ports(cluster, demands)
+    assert set(before.turn_order) == {"j2", "j3"}  # the two take turns
+    after = allocate_ports(cluster, demands[:3], previous=before)
+    _check_budgets(cluster, after)
+    was, now = before.job("j2"), after.job("j2")
+    assert was is not None and now is not None and now.mode == MODE_ISOLATED
+    for pod, n in was.expected_ports:
+        assert dict(now.expected_ports).get(pod, 0.0) >= n
