@@ -437,7 +437,7 @@ def _make_shape(cluster: Cluster, placement: Placement) -> _Shape:
 
 
 # placements are re-estimated on every re-plan of their job (and candidates while placing)
-_SHAPES: IdentityMemo[_Shape] = IdentityMemo(4096)
+_SHAPES: IdentityMemo[_Shape] = IdentityMemo(4096, transient=True)
 
 
 def estimate_costs(

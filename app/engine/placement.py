@@ -54,7 +54,7 @@ from .collective import (
     estimate_costs,
 )
 from .job import Collective, Job, Placement, Unit, Unplaceable
-from .memo import IdentityMemo
+from .memo import IdentityMemo, scratch
 from .traffic import ALGO_INC, ALGO_RING, ALGO_TREE, resolve_facts
 
 NEVER_TOO_MANY_SERVERS = "needs more servers than the cluster has"
@@ -267,55 +267,61 @@ def place_job(
         # what `_choose_slots` would find, without scanning the cluster: a full
         # cluster's queue asks this of every queued job at every event
         return Unplaceable(job.job_id, (NOT_NOW_BUSY,))
-    agg = aggregator_free_gbps or {}
-    ports = (
-        dict(ports_free) if ports_free is not None else {p.id: p.uplink_ports for p in cluster.pods}
-    )
-    slots = _choose_slots(cluster, free, job, agg, ports)
-    if slots is None:
-        return Unplaceable(job.job_id, (NOT_NOW_BUSY,))
-    ledger = _ledger(cluster, agg)
-    pods = len({s.pod_id for s in slots})
-    # every candidate layout uses the same servers: look their pods and ToRs up once
-    pod_of = {s: slot.pod_id for slot in slots for s in slot.servers}
-    tor_of = {s: cluster.server(s).tor_id for s in pod_of}
-    scored: list[tuple[LayoutEstimate, list[Unit], int]] = []
-    for name, order in _candidate_orders(job, slots):
-        units = _units(order, slots)
-        estimate = _estimate(cluster, job, units, name, ledger, ports, pod_of)
-        scored.append((estimate, units, len(scored)))
-    estimates = [e for e, _, _ in scored]
-    fastest = min(e.total_s for e in estimates)
-    # ties (within 0.1%) go to the layout whose DP groups straddle fewest ToRs:
-    # aggregation then stays in one switch and spreads over switches
-    chosen = min(
-        scored,
-        key=lambda c: (c[0].total_s > fastest * 1.001, _straddling(tor_of, c[1]), c[2]),
-    )
-    best = (chosen[0], chosen[1])
-    if pods > 1 and _uplinks_short(cluster, job, best[1]):
-        # a layout some pod of which could not join all its pairs even with every port
-        # would leave the job unserved: another order of the same servers, or wait
-        by_speed = sorted(scored, key=lambda c: (c[0].total_s, c[2]))
-        servable = [
-            c for c in by_speed if c is not chosen and not _uplinks_short(cluster, job, c[1])
-        ]
-        if not servable:
-            return Unplaceable(job.job_id, (NOT_NOW_UPLINKS,))
-        best = (servable[0][0], servable[0][1])
-    if (  # cheapest tests first: most placements span one pod and stop at the second
-        max_extra_pods is not None
-        and pods > 1 + max_extra_pods
-        and job.parallelism.servers * SMALL_JOB_SHARE <= max(len(p.servers) for p in cluster.pods)
-        and pods > fewest_pods(cluster, job) + max_extra_pods
-        and _ports_short(cluster, job, best[1], ports)
-    ):
-        return Unplaceable(job.job_id, (NOT_NOW_SPREAD,))
-    tors = len(set(tor_of.values()))
-    reason = _reason(best[0], estimates, pods, tors)
-    if any(not s.tor_id for s in slots):
-        reason += "; " + EP_SPANS_TORS
-    return Placement(job.job_id, tuple(best[1]), reason=reason)
+    # candidate layouts are new objects no later call asks about: their shapes and
+    # traffic are not kept in the memos (`memo.scratch`)
+    with scratch():
+        agg = aggregator_free_gbps or {}
+        ports = (
+            dict(ports_free)
+            if ports_free is not None
+            else {p.id: p.uplink_ports for p in cluster.pods}
+        )
+        slots = _choose_slots(cluster, free, job, agg, ports)
+        if slots is None:
+            return Unplaceable(job.job_id, (NOT_NOW_BUSY,))
+        ledger = _ledger(cluster, agg)
+        pods = len({s.pod_id for s in slots})
+        # every candidate layout uses the same servers: look their pods and ToRs up once
+        pod_of = {s: slot.pod_id for slot in slots for s in slot.servers}
+        tor_of = {s: cluster.server(s).tor_id for s in pod_of}
+        scored: list[tuple[LayoutEstimate, list[Unit], int]] = []
+        for name, order in _candidate_orders(job, slots):
+            units = _units(order, slots)
+            estimate = _estimate(cluster, job, units, name, ledger, ports, pod_of)
+            scored.append((estimate, units, len(scored)))
+        estimates = [e for e, _, _ in scored]
+        fastest = min(e.total_s for e in estimates)
+        # ties (within 0.1%) go to the layout whose DP groups straddle fewest ToRs:
+        # aggregation then stays in one switch and spreads over switches
+        chosen = min(
+            scored,
+            key=lambda c: (c[0].total_s > fastest * 1.001, _straddling(tor_of, c[1]), c[2]),
+        )
+        best = (chosen[0], chosen[1])
+        if pods > 1 and _uplinks_short(cluster, job, best[1]):
+            # a layout some pod of which could not join all its pairs even with every port
+            # would leave the job unserved: another order of the same servers, or wait
+            by_speed = sorted(scored, key=lambda c: (c[0].total_s, c[2]))
+            servable = [
+                c for c in by_speed if c is not chosen and not _uplinks_short(cluster, job, c[1])
+            ]
+            if not servable:
+                return Unplaceable(job.job_id, (NOT_NOW_UPLINKS,))
+            best = (servable[0][0], servable[0][1])
+        if (  # cheapest tests first: most placements span one pod and stop at the second
+            max_extra_pods is not None
+            and pods > 1 + max_extra_pods
+            and job.parallelism.servers * SMALL_JOB_SHARE
+            <= max(len(p.servers) for p in cluster.pods)
+            and pods > fewest_pods(cluster, job) + max_extra_pods
+            and _ports_short(cluster, job, best[1], ports)
+        ):
+            return Unplaceable(job.job_id, (NOT_NOW_SPREAD,))
+        tors = len(set(tor_of.values()))
+        reason = _reason(best[0], estimates, pods, tors)
+        if any(not s.tor_id for s in slots):
+            reason += "; " + EP_SPANS_TORS
+        return Placement(job.job_id, tuple(best[1]), reason=reason)
 
 
 def _uplinks_short(cluster: Cluster, job: Job, units: Sequence[Unit]) -> bool:

@@ -359,7 +359,7 @@ def job_traffic(
     )
 
 
-_TRAFFIC: IdentityMemo[tuple[PhaseTraffic, ...]] = IdentityMemo(4096)
+_TRAFFIC: IdentityMemo[tuple[PhaseTraffic, ...]] = IdentityMemo(4096, transient=True)
 
 
 def _job_traffic(

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.engine.memo import IdentityMemo, Memo
+from app.engine.memo import IdentityMemo, Memo, scratch
 from app.engine.traffic import DemandMatrix
 
 
@@ -49,3 +49,25 @@ def test_value_memo_is_dropped_wholesale_when_full() -> None:
     assert memo.get(7, lambda: 49) == 49
     assert len(memo) == 1
     assert memo.get(0, lambda: -1) == -1  # forgotten: computed again
+
+
+def test_a_transient_memo_keeps_nothing_new_from_a_scratch_block() -> None:
+    """Placement's candidate layouts are new objects no later call asks about: kept,
+    they filled the memos with ~500,000 objects that every full collection walked."""
+    kept: IdentityMemo[float] = IdentityMemo(16)
+    transient: IdentityMemo[float] = IdentityMemo(16, transient=True)
+    by_value: Memo[int] = Memo(16, transient=True)
+    known, candidate = _matrix(1.0), _matrix(2.0)
+    transient.get((known,), lambda: 1.0)
+    calls: list[str] = []
+    with scratch():
+        for _ in range(2):  # inside the block each answer is computed once
+            assert transient.get((candidate,), lambda: calls.append("t") or 4.0) == 4.0
+            assert by_value.get("k", lambda: calls.append("v") or 7) == 7
+            assert kept.get((candidate,), lambda: calls.append("k") or 4.0) == 4.0
+        assert transient.get((known,), lambda: -1.0) == 1.0  # held answers still answer
+    assert calls == ["t", "v", "k"]
+    assert len(transient) == 1 and len(by_value) == 0  # only what was held before
+    assert len(kept) == 1  # a memo not made transient keeps its answers as ever
+    assert transient.get((candidate,), lambda: 5.0) == 5.0  # outside: computed, kept
+    assert len(transient) == 2
