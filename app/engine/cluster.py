@@ -159,6 +159,16 @@ class Cluster:
         return tuple(frozenset(s) for s in sets)
 
     @cached_property
+    def _joined_set_index(self) -> dict[str, int]:
+        return {p: i for i, pods in enumerate(self.joined_pod_sets) for p in pods}
+
+    def reach(self, a: str, b: str) -> bool:
+        """Can traffic get from pod a to pod b over circuits (directly, or relayed by
+        the pods between) or electrical cores: are they in one `joined_pod_sets` set?"""
+        index = self._joined_set_index
+        return index[a] == index[b]
+
+    @cached_property
     def tors_by_id(self) -> dict[str, Tor]:
         return {t.id: t for p in self.pods for t in p.tors}
 

@@ -369,13 +369,19 @@ def restore(
     jobs' decisions carry reason `reconcile`. Jobs new in this pass are decided
     as any arrival.
     """
-    before = {cc.key for cc in state.desired}
+    owner = {cc.key: cc.job_id for cc in state.desired}  # the stored plan's, then the new
+    before = set(owner)
     made: list[Decision] = []
     for event in events:
         state, decided = step(state, event)
         made.extend(decided)
     after = {cc.key for cc in state.desired}
+    owner.update({cc.key: cc.job_id for cc in state.desired})
     changed = before ^ after
+    live = {pj.job.job_id for pj in state.jobs}
+    # jobs new in this pass: their cross-connects are arrivals; the rest (restored
+    # jobs, and jobs that ended while no leader ran) are a reconciliation
+    new_jobs = live - set(restored)
     last_op: dict[tuple[str, int, int], int] = {}  # cross-connect -> its last decision
     last_header: dict[tuple[str | None, str], int] = {}
     for i, d in enumerate(made):
@@ -390,12 +396,18 @@ def restore(
         reason = "reconcile" if d.job_id in restored else d.reason
         if d.oxc is not None:
             o, keys = d.oxc, [(d.oxc.oxc_id, a, b) for a, b in (*d.oxc.connect, *d.oxc.disconnect)]
-            mine = {k[1:] for k in keys if k in changed and last_op[k] == i}
+            kept = [k for k in keys if k in changed and last_op[k] == i]
+            mine = {k[1:] for k in kept}
             connect = tuple(p for p in o.connect if p in mine)
             disconnect = tuple(p for p in o.disconnect if p in mine)
             if connect or disconnect:
                 net = replace(o, connect=connect, disconnect=disconnect)
-                out.append(replace(d, reason=reason, oxc=net))
+                owners = {owner.get(k) for k in kept}
+                if owners & new_jobs:  # a new job's cross-connects: as stepped
+                    out.append(replace(d, oxc=net))
+                else:
+                    only = next(iter(owners)) if len(owners) == 1 else None
+                    out.append(replace(d, job_id=only, reason="reconcile", oxc=net))
         elif d.routing is not None and d.job_id in restored:
             if i in kept_headers:
                 out.append(replace(d, reason=reason))

@@ -62,8 +62,8 @@ NEVER_EP_WIDER_THAN_POD = "an EP group needs more servers than any pod holds"
 NEVER_TOO_MANY_EP_GROUPS = "the cluster's pods cannot hold that many EP groups at once"
 NEVER_TOO_FEW_UPLINKS = "the pods it must span have too few uplinks to join them with circuits"
 NEVER_PODS_NOT_JOINED = (
-    "no set of pods that can reach one another (an OXC wired to both pods of each pair, "
-    "or electrical cores) holds it"
+    "no set of pods that reach one another (over OXCs wired to both pods of a pair, hop "
+    "by hop, or electrical cores) holds it"
 )
 NOT_NOW_BUSY = "not enough free servers for whole EP groups inside pods right now"
 NOT_NOW_UPLINKS = (
@@ -142,7 +142,12 @@ def never_fits(cluster: Cluster, job: Job) -> tuple[str, ...]:
             reasons.append(
                 f"{NEVER_TOO_FEW_UPLINKS}: {k} pods, with {', '.join(map(str, ports))} uplinks"
             )
-        elif k > 1 and not reasons and not _joined_enough(cluster, job):
+        elif (
+            k > 1
+            and not reasons
+            and len(cluster.joined_pod_sets) > 1
+            and not _joined_enough(cluster, job)
+        ):
             reasons.append(NEVER_PODS_NOT_JOINED)
     return tuple(reasons)
 
@@ -325,15 +330,15 @@ def place_job(
 
 
 def _uplinks_short(cluster: Cluster, job: Job, units: Sequence[Unit]) -> bool:
-    """The layout crosses a pod pair nothing can join (no OXC has uplinks of both,
-    nor do both have an electrical core), or some pod of it has fewer uplinks (all
-    of them) than the pod pairs it crosses and no electrical core: it could never
-    hold one circuit per pair, even taking turns."""
+    """The layout crosses a pod pair nothing can reach (no circuits, direct or
+    relayed through other pods, nor electrical cores: `Cluster.reach`), or some
+    pod of it has fewer uplinks (all of them) than the pod pairs it crosses and no
+    electrical core: it could never hold one circuit per pair, even taking turns."""
     demand = job_demand(cluster, job, Placement(job.job_id, tuple(units)))
     pods = cluster.pods_by_id
     degree: dict[str, int] = {}
     for a, b, _ in demand.pair_bytes:
-        if not cluster.can_join(a, b):
+        if not cluster.reach(a, b):
             return True
         degree[a] = degree.get(a, 0) + 1
         degree[b] = degree.get(b, 0) + 1

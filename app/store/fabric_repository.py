@@ -101,19 +101,20 @@ class FabricRepository:
         self.store = store
 
     def placed_job_ids(self) -> list[str]:
-        """Ids of the placed jobs in arrival order (an indexed read, no JSON decoded)."""
+        """Ids of the placed jobs in placement order (no JSON decoded)."""
         with self.store.read_engine.connect() as conn:
             return list(
                 conn.execute(
                     select(t.jobs.c.job_id)
                     .where(t.jobs.c.state == JobState.PLACED.value)
-                    .order_by(t.jobs.c.submitted_order)
+                    .order_by(t.jobs.c.placed_at, t.jobs.c.submitted_order)
                 ).scalars()
             )
 
     def load_placed_jobs(self, job_ids: Collection[str] | None = None) -> list[PlacedJobRow]:
-        """Placed jobs in arrival order (earlier jobs keep priority for ports); only
-        `job_ids` of them when given (the worker reads what appeared since its last pass)."""
+        """Placed jobs in placement order (earlier jobs keep priority for ports, and a
+        new leader steps them in as the old one did); only `job_ids` of them when
+        given (the worker reads what appeared since its last pass)."""
         query = (
             select(
                 t.jobs.c.job_id,
@@ -123,7 +124,7 @@ class FabricRepository:
                 t.jobs.c.collective,
             )
             .where(t.jobs.c.state == JobState.PLACED.value)
-            .order_by(t.jobs.c.submitted_order)
+            .order_by(t.jobs.c.placed_at, t.jobs.c.submitted_order)
         )
         if job_ids is not None:
             if not job_ids:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import replace
+
 from app.engine.cluster import build_cluster, preset
 from app.engine.controller import (
     ControllerConfig,
@@ -11,8 +14,11 @@ from app.engine.controller import (
     PhaseObserved,
     Tick,
     network_view,
+    new_controller,
+    restore,
+    step,
 )
-from app.engine.fabric import MODE_ISOLATED, PlacedJob
+from app.engine.fabric import MODE_ISOLATED, Decision, PlacedJob
 from app.engine.job import Collective, Job, ModelFacts, Parallelism, Placement, Unit
 from app.engine.traffic import DemandMatrix, Flow
 from app.sim.trace import replay_trace
@@ -335,3 +341,52 @@ def test_a_job_whose_circuits_are_slower_than_the_electrical_core_moves_there_fo
         if j != "c":
             v = network_view(later, j)
             assert v is not None and v.mode == "electrical"
+
+
+def _replay(
+    held: set[tuple[str, int, int]], decisions: Sequence[Decision]
+) -> set[tuple[str, int, int]]:
+    """The cross-connects after applying the log's oxc entries to `held` (checked)."""
+    held = set(held)
+    for d in decisions:
+        if d.oxc is None:
+            continue
+        for a, b in d.oxc.disconnect:
+            assert (d.oxc.oxc_id, a, b) in held
+            held.discard((d.oxc.oxc_id, a, b))
+        for a, b in d.oxc.connect:
+            assert (d.oxc.oxc_id, a, b) not in held
+            assert not any(k[0] == d.oxc.oxc_id and {a, b} & set(k[1:]) for k in held)
+            held.add((d.oxc.oxc_id, a, b))
+    return held
+
+
+def test_a_new_leader_reconciles_with_the_stored_plan_and_logs_the_net_change() -> None:
+    """A restart stepped the placed jobs in one by one: the log tore down the circuits of
+    jobs not stepped in yet and built them again, as arrivals. `restore` logs the net
+    change from the stored plan (replaying it gives the new plan), each restored job's
+    headers once per phase, and reason `reconcile` for all of it, also when a job
+    ended while no leader ran; a job new in the same pass is an arrival."""
+    a, b = spread_job("a", [0, 1], 0, dp=4), spread_job("b", [0, 1], 2, dp=4)
+    c = cross_job("c", slot=3)
+    state = new_controller(SMALL, CONFIG)
+    for event in (placed(a), placed(b, 0.1), placed(c, 0.2)):
+        state, _ = step(state, event)
+    stored = state.desired
+    fresh = replace(new_controller(SMALL, CONFIG), desired=stored)
+    same, decisions = restore(
+        fresh, [placed(x, 10.0) for x in (a, b, c)] + [Tick(10.0)], {"a", "b", "c"}
+    )
+    assert [d for d in decisions if d.kind == "oxc"] == []
+    assert {d.reason for d in decisions} == {"reconcile"}
+    headers = [(d.job_id, d.routing.phase) for d in decisions if d.routing is not None]
+    assert len(headers) == len(set(headers)) and {j for j, _ in headers} <= {"a", "b", "c"}
+    assert {cc.key for cc in same.desired} == {cc.key for cc in stored}
+    # a ended while no leader ran: the change is logged, all of it a reconciliation
+    left, decisions = restore(fresh, [placed(x, 10.0) for x in (b, c)] + [Tick(10.0)], {"b", "c"})
+    assert any(d.kind == "oxc" for d in decisions)
+    assert {d.reason for d in decisions} == {"reconcile"}
+    assert _replay({cc.key for cc in stored}, decisions) == {cc.key for cc in left.desired}
+    # a job new in this pass is an arrival
+    _, decisions = restore(fresh, [placed(x, 10.0) for x in (a, b, c)], {"a", "b"})
+    assert {d.reason for d in decisions if d.job_id == "c"} == {"arrival"}

@@ -681,3 +681,35 @@ def test_pods_with_an_electrical_core_need_no_uplinks_to_be_joined() -> None:
     assert refused.reasons[0].startswith(NEVER_TOO_FEW_UPLINKS)
     cored = thin(800.0)
     assert isinstance(place_job(cored, set(cored.server_ids), job), Placement)
+
+
+def test_pods_joined_hop_by_hop_hold_a_job_across_them() -> None:
+    """oxc-0 wires pods 0-1, oxc-1 pods 1-2: pod 1 relays between 0 and 2. A review found
+    such a job accepted (the three pods reach one another) and then waiting forever,
+    the layout test asking for an OXC on every pair it crosses."""
+    base = build_cluster(
+        "chain",
+        pods=3,
+        tors_per_pod=2,
+        servers_per_tor=4,
+        uplink_ports_per_pod=16,
+        oxcs=2,
+        oxc_ports=64,
+    )
+    reconfig_ms = base.oxcs[0].reconfig_ms
+    chain = dataclasses.replace(
+        base,
+        oxcs=(
+            Oxc(
+                "oxc-0", 64, reconfig_ms, {"pod-0": tuple(range(16)), "pod-1": tuple(range(16, 32))}
+            ),
+            Oxc(
+                "oxc-1", 64, reconfig_ms, {"pod-1": tuple(range(16)), "pod-2": tuple(range(16, 32))}
+            ),
+        ),
+    )
+    assert len(chain.joined_pod_sets) == 1 and chain.reach("pod-0", "pod-2")
+    assert not chain.can_join("pod-0", "pod-2")
+    for job in (_job(24, model=FACTS), Job("pp", Parallelism(dp=12, pp=2), FACTS)):
+        assert never_fits(chain, job) == ()
+        assert isinstance(place_job(chain, set(chain.server_ids), job), Placement)
