@@ -375,10 +375,15 @@ def restore(
     for event in events:
         state, decided = step(state, event)
         made.extend(decided)
+    live = {pj.job.job_id for pj in state.jobs}
+    if any(cc.job_id not in live for cc in state.desired):
+        # circuits of jobs that ended while no leader ran, and no arrival re-planned
+        # the fabric without them (no job left, say): re-plan once, so they go
+        state, decided = _reallocate(state, state.jobs, "reconcile", state.now_s, grow=True)
+        made.extend(decided)
     after = {cc.key for cc in state.desired}
     owner.update({cc.key: cc.job_id for cc in state.desired})
     changed = before ^ after
-    live = {pj.job.job_id for pj in state.jobs}
     # jobs new in this pass: their cross-connects are arrivals; the rest (restored
     # jobs, and jobs that ended while no leader ran) are a reconciliation
     new_jobs = live - set(restored)

@@ -390,3 +390,7 @@ def test_a_new_leader_reconciles_with_the_stored_plan_and_logs_the_net_change() 
     # a job new in this pass is an arrival
     _, decisions = restore(fresh, [placed(x, 10.0) for x in (a, b, c)], {"a", "b"})
     assert {d.reason for d in decisions if d.job_id == "c"} == {"arrival"}
+    # every job ended while no leader ran: their circuits went only at the next arrival
+    empty, decisions = restore(fresh, [Tick(10.0)], set())
+    assert empty.desired == () and {d.reason for d in decisions} == {"reconcile"}
+    assert _replay({cc.key for cc in stored}, decisions) == set()
