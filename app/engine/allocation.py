@@ -682,6 +682,11 @@ def allocate_ports(
     # sharer is served when the pool's ports can join each of its pairs at once (one
     # circuit per pair, both ports on one OXC), whichever pool circuits hold them.
     pending = list(shared)
+    if pending:
+        # spare ports are headroom (taken again from what is left, below): the pool
+        # may need them to join a sharer's pods (three jobs on a 2-uplink pod: the
+        # third's pair never entered the pool while a spare port sat free beside it)
+        _release_spare(ports, spare, set(ports.free))
     while pending:
         j = pending.pop(0)
         pairs = list(work[j].bytes)
@@ -948,6 +953,8 @@ def allocate_ports(
         for p in work[x].pods:
             elec_on[p] += 1
     out: list[JobAllocation] = []
+    # per sharer, the circuits its turn rewires the pool's ports into (by pair)
+    turns: dict[str, dict[tuple[str, str], int]] | None = None
     for d in demands:
         j = d.job_id
         if j not in work:
@@ -1007,13 +1014,14 @@ def allocate_ports(
             )
         elif j in shared_set:
             k = len(shared)
+            if turns is None:
+                turns = {x: _turn_circuits(pool, pool_have, work[x]) for x in shared}
             on_pod: dict[str, int] = defaultdict(int)
-            for (a, b), n in pool_have.items():
-                if (a, b) in w.bytes:
-                    on_pod[a] += n
-                    on_pod[b] += n
+            for (a, b), n in turns[j].items():
+                on_pod[a] += n
+                on_pod[b] += n
             exp = tuple((p, on_pod[p] / k) for p in w.pods)
-            nets = {x: work[x].net_s(pool_have, port_bps) for x in shared}
+            nets = {x: work[x].net_s(turns[x], port_bps) for x in shared}
             busy = sum(v for v in nets.values() if math.isfinite(v))
             t = max(w.d.compute_s + nets[j], busy) * turn_overhead
             s = round(t / w.ideal_s, 4) if w.ideal_s > 0 and math.isfinite(t) else math.inf
@@ -1100,6 +1108,20 @@ def _host_assignment(
     cannot join them all."""
     assignment, missing = _host(pool, pairs)
     return None if missing else assignment
+
+
+def _turn_circuits(
+    pool: Mapping[tuple[str, str, str], int],
+    pool_have: Mapping[tuple[str, str], int],
+    w: _Job,
+) -> dict[tuple[str, str], int]:
+    """Circuits per pair a sharer counts on in its turn: the pool's circuits on the
+    pair, or, on a pair the pool has none of, the one its turn rewires the pool's
+    ports into (a third job on a 2-uplink pod was shown no ports and no estimate,
+    though its turn joined its pods)."""
+    placed, _ = _host(pool, list(w.bytes))
+    hosted = {(a, b) for _, a, b in placed}
+    return {k: pool_have.get(k, 0) or (1 if k in hosted else 0) for k in w.bytes}
 
 
 def _more_circuits(

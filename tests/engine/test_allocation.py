@@ -562,3 +562,33 @@ def test_a_sharer_left_alone_by_a_completion_keeps_the_pools_ports() -> None:
     assert was is not None and now is not None and now.mode == MODE_ISOLATED
     for pod, n in was.expected_ports:
         assert dict(now.expected_ports).get(pod, 0.0) >= n
+
+
+def test_a_third_job_on_a_two_uplink_pod_gets_turns_that_join_its_pods() -> None:
+    """A sweep on `small` with 2 uplinks a pod: three jobs on pod-1 (with pods 0, 2 and
+    3), arriving one by one. The third's pair pod-1/pod-3 never entered the pool (a
+    spare port of the first sat free beside it), so its turns carried nothing; it was
+    shown no ports and no estimate, and never got a circuit."""
+    cluster = _cluster(4, 2, 1)
+
+    def demand(job_id: str, a: str, b: str) -> JobDemand:
+        return JobDemand(job_id, ((a, b, 12e9),), ((a, 2), (b, 2)), compute_s=0.2)
+
+    demands = [
+        demand("t1", "pod-0", "pod-1"),
+        demand("t2", "pod-1", "pod-2"),
+        demand("t3", "pod-1", "pod-3"),
+    ]
+    allocation = None
+    for n in range(1, 4):
+        allocation = allocate_ports(cluster, demands[:n], previous=allocation)
+        _check_budgets(cluster, allocation)
+    assert allocation is not None and set(allocation.turn_order) == {"t1", "t2", "t3"}
+    pool_ports: dict[str, int] = defaultdict(int)
+    for _, a, b, n in allocation.pool:
+        pool_ports[a] += n
+        pool_ports[b] += n
+    assert pool_ports["pod-3"] >= 1  # its turn can join pod-1 and pod-3
+    third = allocation.job("t3")
+    assert third is not None and math.isfinite(third.estimated_slowdown)
+    assert all(n > 0 for _, n in third.expected_ports)
