@@ -504,6 +504,43 @@ class _Ports:
 # ------------------------------------------------------------------ allocation
 
 
+def held_allocation(
+    cluster: Cluster,
+    demands: Sequence[JobDemand],
+    held: Mapping[str, Mapping[tuple[str, str, str], int]],
+) -> PortAllocation:
+    """The allocation the switches hold: each job's circuits (oxc, pod_a < pod_b) -> n,
+    on the pairs it sends across, as isolated slices with their estimated slowdown.
+    A new leader passes it as `previous`, so jobs keep the circuits they run on."""
+    port_bps = cluster.nic_gbps * 1e9 / 8
+    out: list[JobAllocation] = []
+    for rank, d in enumerate(demands):
+        mine = held.get(d.job_id)
+        if not mine or not d.cross_pod:
+            continue
+        w = _Job(d, port_bps, rank)
+        own = tuple((o, a, b, n) for (o, a, b), n in sorted(mine.items()) if (a, b) in w.bytes)
+        if not own:
+            continue
+        ports: dict[str, float] = defaultdict(float)
+        for _, a, b, n in own:
+            w.have[(a, b)] += n
+            ports[a] += n
+            ports[b] += n
+        slowdown = round(w.slowdown(port_bps), 4)
+        out.append(
+            JobAllocation(
+                d.job_id,
+                MODE_ISOLATED,
+                own,
+                tuple(sorted(ports.items())),
+                slowdown,
+                ISOLATED_REASON + slowdown_note(slowdown),
+            )
+        )
+    return PortAllocation(tuple(out), (), ())
+
+
 def allocate_ports(
     cluster: Cluster,
     demands: Sequence[JobDemand],

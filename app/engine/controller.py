@@ -43,7 +43,7 @@ Redis or pydantic imports.
 from __future__ import annotations
 
 import math
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -54,6 +54,7 @@ from .allocation import (
     JobDemand,
     PortAllocation,
     allocate_ports,
+    held_allocation,
     ideal_iteration_s,
     job_demand,
     slowdown_note,
@@ -372,6 +373,15 @@ def restore(
     owner = {cc.key: cc.job_id for cc in state.desired}  # the stored plan's, then the new
     before = set(owner)
     made: list[Decision] = []
+    events = list(events)
+    back = [e for e in events if isinstance(e, JobPlaced) and e.job.job_id in restored]
+    if back and not state.jobs:
+        # the restored jobs in at once, each keeping the circuits the switches hold
+        # for it: stepped in one by one, without the jobs that ended meanwhile, the
+        # allocation came out otherwise and running jobs' circuits moved
+        state, decided = _seed(state, back)
+        made.extend(decided)
+        events = [e for e in events if not (isinstance(e, JobPlaced) and e in back)]
     for event in events:
         state, decided = step(state, event)
         made.extend(decided)
@@ -419,6 +429,32 @@ def restore(
         else:
             out.append(replace(d, reason=reason))
     return state, tuple(out)
+
+
+def _seed(
+    state: ControllerState, placed: Sequence[JobPlaced]
+) -> tuple[ControllerState, tuple[Decision, ...]]:
+    """An empty controller given `placed` at once, with the stored plan's cross-connects
+    (`state.desired`) as their held allocation (`allocation.held_allocation`)."""
+    cluster = state.cluster
+    where = port_pods(cluster)
+    mine: dict[str, dict[tuple[str, str, str], int]] = defaultdict(lambda: defaultdict(int))
+    for cc in state.desired:
+        a, b = where.get((cc.oxc_id, cc.port_a)), where.get((cc.oxc_id, cc.port_b))
+        if a is not None and b is not None and a != b:
+            mine[cc.job_id][(cc.oxc_id, min(a, b), max(a, b))] += 1
+    demands = dict(state.demands)
+    cycles = dict(state.cycles)
+    for e in placed:
+        demands[e.job.job_id] = job_demand(cluster, e.job, e.placement)
+        cycles[e.job.job_id] = JobCycle(new_predictor(state.config.predictor))
+    held = held_allocation(cluster, [demands[e.job.job_id] for e in placed], mine)
+    at = max(e.at_s for e in placed)
+    state = replace(
+        state, cycles=cycles, demands=demands, allocation=held, now_s=max(state.now_s, at)
+    )
+    jobs = tuple(PlacedJob(e.job, e.placement) for e in placed)
+    return _reallocate(state, jobs, "reconcile", at, grow=False)
 
 
 def _ports_changed(

@@ -387,9 +387,15 @@ def test_a_new_leader_reconciles_with_the_stored_plan_and_logs_the_net_change() 
     assert any(d.kind == "oxc" for d in decisions)
     assert {d.reason for d in decisions} == {"reconcile"}
     assert _replay({cc.key for cc in stored}, decisions) == {cc.key for cc in left.desired}
-    # a job new in this pass is an arrival
-    _, decisions = restore(fresh, [placed(x, 10.0) for x in (a, b, c)], {"a", "b"})
-    assert {d.reason for d in decisions if d.job_id == "c"} == {"arrival"}
+    # a job new in this pass (placed after the old leader's last plan) is an arrival
+    d = cross_job("d", slot=1)
+    _, decisions = restore(fresh, [placed(x, 10.0) for x in (a, b, c, d)], {"a", "b", "c"})
+    assert {x.reason for x in decisions if x.job_id == "d"} == {"arrival"}
+    assert {x.reason for x in decisions if x.job_id in ("a", "b", "c")} == {"reconcile"}
+    # a ended while no leader ran: the jobs left keep the circuits they run on (one by
+    # one, without a, c's were all moved: a sweep saw it on every restart)
+    kept = {cc.key for cc in stored if cc.job_id == "c"}
+    assert kept <= {cc.key for cc in left.desired if cc.job_id == "c"}
     # every job ended while no leader ran: their circuits went only at the next arrival
     empty, decisions = restore(fresh, [Tick(10.0)], set())
     assert empty.desired == () and {d.reason for d in decisions} == {"reconcile"}
