@@ -510,8 +510,9 @@ def held_allocation(
     held: Mapping[str, Mapping[tuple[str, str, str], int]],
 ) -> PortAllocation:
     """The allocation the switches hold: each job's circuits (oxc, pod_a < pod_b) -> n,
-    on the pairs it sends across, as isolated slices with their estimated slowdown.
-    A new leader passes it as `previous`, so jobs keep the circuits they run on."""
+    on the pairs it sends across, as isolated slices with their estimated slowdown,
+    for the jobs they give a circuit on every such pair. A new leader passes it as
+    `previous`, so jobs keep the circuits they run on."""
     port_bps = cluster.nic_gbps * 1e9 / 8
     out: list[JobAllocation] = []
     for rank, d in enumerate(demands):
@@ -520,7 +521,9 @@ def held_allocation(
             continue
         w = _Job(d, port_bps, rank)
         own = tuple((o, a, b, n) for (o, a, b), n in sorted(mine.items()) if (a, b) in w.bytes)
-        if not own:
+        if {(a, b) for _, a, b, _ in own} != set(w.bytes):
+            # not a circuit on every pair (a per-phase topology was installed, say):
+            # it is allocated afresh, as an arrival, from the ports others leave
             continue
         ports: dict[str, float] = defaultdict(float)
         for _, a, b, n in own:
