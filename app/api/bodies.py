@@ -26,7 +26,7 @@ from .problems import BODY_UNPARSABLE
 M = TypeVar("M", bound=BaseModel)
 
 # methods whose body, when one is sent, must be JSON (`middleware.JsonBodies`)
-BODY_METHODS = frozenset({"post", "put", "patch"})
+BODY_METHODS = frozenset({"post", "put", "patch", "delete"})
 
 
 async def read_json_body(request: Request, model: type[M]) -> M:

@@ -147,6 +147,11 @@ def test_delete_takes_no_body_or_an_empty_object(server: LiveServer) -> None:
         assert r.status_code == 400 and r.json()["type"].endswith("/malformed-json"), r.text
         r = c.request("DELETE", "/v1/jobs/del-a", json={"unexpected": 1})
         assert r.status_code == 422 and r.json()["errors"][0]["field"] == "body.unexpected"
+        # a body not declared JSON is a 415, as for the other calls (it was a 422)
+        r = c.request(
+            "DELETE", "/v1/jobs/del-a", content=b"{}", headers={"content-type": "text/plain"}
+        )
+        assert r.status_code == 415, r.text
         assert c.get("/v1/jobs/del-a").json()["state"] == "placed"
         assert c.request("DELETE", "/v1/jobs/del-a", json={}).json()["state"] == "cancelled"
         assert c.delete("/v1/jobs/del-b").json()["state"] == "cancelled"
