@@ -359,16 +359,16 @@ def step(state: ControllerState, event: Event) -> tuple[ControllerState, tuple[D
 def restore(
     state: ControllerState, events: Iterable[Event], restored: Collection[str]
 ) -> tuple[ControllerState, tuple[Decision, ...]]:
-    """A new leader's first pass: `events` stepped in, with the jobs placed before it
-    (`restored`, stepped in by `JobPlaced` one by one) decided as a reconciliation.
+    """A new leader's first pass: the jobs placed before it (`restored`: their
+    `JobPlaced` among `events`) decided as a reconciliation with the stored plan.
 
-    The switches hold `state.desired` (the stored plan). Stepping the jobs in one
-    by one tears down the circuits of jobs not stepped in yet and builds them
-    again; a log consumer replaying that would do the same. So a cross-connect
-    goes out only where the pass changes it from the stored plan (its last change),
-    a restored job's header only once per phase (its last), and the restored
-    jobs' decisions carry reason `reconcile`. Jobs new in this pass are decided
-    as any arrival.
+    The switches hold `state.desired` (the stored plan). The restored jobs come in
+    at once, each keeping the circuits the switches hold for it (`_seed`); stepped
+    in one by one they tore down the circuits of jobs not stepped in yet, and the
+    plan came out otherwise. The other events are stepped. A cross-connect goes
+    out only where the pass changes it from the stored plan (its last change), a
+    restored job's header only once per phase (its last), and all but a new job's
+    decisions carry reason `reconcile`; jobs new in this pass are arrivals.
     """
     owner = {cc.key: cc.job_id for cc in state.desired}  # the stored plan's, then the new
     before = set(owner)
