@@ -116,6 +116,7 @@ JOB_EXAMPLE: dict[str, Any] = {
 # deadlines run from the epoch to the end of 9999-12-31 (UTC), exclusive
 DEADLINE_END_S = 253_402_300_800.0
 _LAST_MICROSECOND = dt.datetime(9999, 12, 31, 23, 59, 59, 999_999, tzinfo=dt.UTC)
+_LEAP_SECOND = re.compile(r"(\d{2}:\d{2}):60(?:\.\d+)?")
 _DATE_TIME = re.compile(r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})?$")
 
 
@@ -156,6 +157,10 @@ class JobIn(StrictModel):
             raise ValueError(
                 "deadline must be epoch seconds (a JSON number) or an RFC 3339 date-time"
             )
+        if isinstance(value, str):
+            # RFC 3339 allows a leap second (23:59:60), which datetime cannot hold: the
+            # last microsecond before the next minute stands for it
+            value = _LEAP_SECOND.sub(r"\1:59.999999", value)
         return value
 
     @field_validator("deadline")
