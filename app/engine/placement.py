@@ -303,6 +303,10 @@ def place_job(
             key=lambda c: (c[0].total_s > fastest * 1.001, _straddling(tor_of, c[1]), c[2]),
         )
         best = (chosen[0], chosen[1])
+        if pods > 1 and not _all_reach(cluster, {slot.pod_id for slot in slots}):
+            # pods that cannot reach one another, whatever traffic the job is modelled
+            # to send (a job stating no model facts is modelled to send none)
+            return Unplaceable(job.job_id, (NOT_NOW_UPLINKS,))
         if pods > 1 and _uplinks_short(cluster, job, best[1]):
             # a layout some pod of which could not join all its pairs even with every port
             # would leave the job unserved: another order of the same servers, or wait
@@ -327,6 +331,12 @@ def place_job(
         if any(not s.tor_id for s in slots):
             reason += "; " + EP_SPANS_TORS
         return Placement(job.job_id, tuple(best[1]), reason=reason)
+
+
+def _all_reach(cluster: Cluster, pods: Set[str]) -> bool:
+    """Do these pods all reach one another (`Cluster.reach`)?"""
+    first = next(iter(pods))
+    return all(cluster.reach(first, p) for p in pods)
 
 
 def _uplinks_short(cluster: Cluster, job: Job, units: Sequence[Unit]) -> bool:

@@ -650,6 +650,12 @@ def test_a_job_never_spans_pods_no_oxc_joins() -> None:
     across = {s for s in cluster.server_ids if s.startswith(("pod-1/", "pod-2/"))}
     waits = place_job(cluster, across, job)
     assert isinstance(waits, Unplaceable) and waits.reasons == (NOT_NOW_UPLINKS,)
+    # a job stating no model facts waits too, with or without the spread limit: the
+    # pods' reach is checked whatever traffic the job is modelled to send
+    bare = Job("bare", Parallelism(dp=6, pp=2))
+    for limit in (None, 1):
+        waits = place_job(cluster, across, bare, max_extra_pods=limit)
+        assert isinstance(waits, Unplaceable) and waits.reasons == (NOT_NOW_UPLINKS,)
     # electrical cores join every pod: the same job spans the halves over them
     cored = _split_fabric(electrical_gbps=800.0)
     assert len(cored.joined_pod_sets) == 1
