@@ -354,7 +354,7 @@ def build_worker_runtime(settings: Settings, cluster: Cluster) -> Runtime:
 
     def elected(token: int | None) -> None:
         metrics.is_leader.set(1)
-        worker.take_over()
+        worker.take_over(elected=True)
         if runtime.controller is not None:
             runtime.controller.reset()
             runtime.controller.kick()

@@ -200,17 +200,20 @@ class Worker:
         else:
             self.fabric.request_replan()
 
-    def take_over(self) -> None:
+    def take_over(self, *, elected: bool = False) -> None:
         """Forget the worker memory: a new leader starts from the durable state.
 
         The fabric memory is dropped by the fabric pass itself (its next pass),
-        so a pass under way on the other thread never sees it vanish.
+        so a pass under way on the other thread never sees it vanish. A fabric
+        process resets itself when it is sent a new lease term (`elected`): told
+        again, it could load twice and log every job's headers twice.
         """
         self.placed.clear()
         self.leading_since = time.time()
         self._leases_granted = False
         if self.fabric_process is not None:
-            self.fabric_process.reset()
+            if not elected:
+                self.fabric_process.reset()
         else:
             self.fabric.reset()
 
