@@ -304,8 +304,8 @@ def place_job(
         )
         best = (chosen[0], chosen[1])
         if pods > 1 and not _all_reach(cluster, {slot.pod_id for slot in slots}):
-            # pods that cannot reach one another, whatever traffic the job is modelled
-            # to send (a job stating no model facts is modelled to send none)
+            # pods that cannot reach one another: checked on the pods themselves, not
+            # only on the pairs the job is modelled to cross
             return Unplaceable(job.job_id, (NOT_NOW_UPLINKS,))
         if pods > 1 and _uplinks_short(cluster, job, best[1]):
             # a layout some pod of which could not join all its pairs even with every port
