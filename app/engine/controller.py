@@ -357,7 +357,10 @@ def step(state: ControllerState, event: Event) -> tuple[ControllerState, tuple[D
 
 
 def restore(
-    state: ControllerState, events: Iterable[Event], restored: Collection[str]
+    state: ControllerState,
+    events: Iterable[Event],
+    restored: Collection[str],
+    sharers: Collection[str] = (),
 ) -> tuple[ControllerState, tuple[Decision, ...]]:
     """A new leader's first pass: the jobs placed before it (`restored`: their
     `JobPlaced` among `events`) decided as a reconciliation with the stored plan.
@@ -369,6 +372,8 @@ def restore(
     out only where the pass changes it from the stored plan (its last change), a
     restored job's header only once per phase (its last), and all but a new job's
     decisions carry reason `reconcile`; jobs new in this pass are arrivals.
+    `sharers`: restored jobs that took turns on shared ports (the one holding
+    circuits holds the turn, and keeps it from now).
     """
     owner = {cc.key: cc.job_id for cc in state.desired}  # the stored plan's, then the new
     before = set(owner)
@@ -379,7 +384,7 @@ def restore(
         # the restored jobs in at once, each keeping the circuits the switches hold
         # for it: stepped in one by one, without the jobs that ended meanwhile, the
         # allocation came out otherwise and running jobs' circuits moved
-        state, decided = _seed(state, back)
+        state, decided = _seed(state, back, sharers)
         made.extend(decided)
         events = [e for e in events if not (isinstance(e, JobPlaced) and e in back)]
     for event in events:
@@ -432,10 +437,11 @@ def restore(
 
 
 def _seed(
-    state: ControllerState, placed: Sequence[JobPlaced]
+    state: ControllerState, placed: Sequence[JobPlaced], sharers: Collection[str] = ()
 ) -> tuple[ControllerState, tuple[Decision, ...]]:
     """An empty controller given `placed` at once, with the stored plan's cross-connects
-    (`state.desired`) as their held allocation (`allocation.held_allocation`)."""
+    (`state.desired`) as their held allocation (`allocation.held_allocation`); the
+    circuits of `sharers` are the shared ports' turn, whose holder keeps it."""
     cluster = state.cluster
     where = port_pods(cluster)
     mine: dict[str, dict[tuple[str, str, str], int]] = defaultdict(lambda: defaultdict(int))
@@ -448,13 +454,22 @@ def _seed(
     for e in placed:
         demands[e.job.job_id] = job_demand(cluster, e.job, e.placement)
         cycles[e.job.job_id] = JobCycle(new_predictor(state.config.predictor))
-    held = held_allocation(cluster, [demands[e.job.job_id] for e in placed], mine)
+    own = {j: c for j, c in mine.items() if j not in sharers}
+    held = held_allocation(cluster, [demands[e.job.job_id] for e in placed], own)
+    holder = next(
+        (e.job.job_id for e in placed if e.job.job_id in sharers and e.job.job_id in mine), None
+    )
     at = max(e.at_s for e in placed)
     state = replace(
-        state, cycles=cycles, demands=demands, allocation=held, now_s=max(state.now_s, at)
+        state,
+        cycles=cycles,
+        demands=demands,
+        allocation=held,
+        now_s=max(state.now_s, at),
+        turn_started_s=at,  # the holder's turn runs from now (not from time 0)
     )
     jobs = tuple(PlacedJob(e.job, e.placement) for e in placed)
-    return _reallocate(state, jobs, "reconcile", at, grow=False)
+    return _reallocate(state, jobs, "reconcile", at, grow=False, holder=holder)
 
 
 def _ports_changed(
@@ -569,7 +584,10 @@ def _reallocate(
     before_desired: tuple[CrossConnect, ...] | None = None,
     freed: Collection[str] | None = None,
     grown: Collection[str] = (),
+    holder: str | None = None,
 ) -> tuple[ControllerState, tuple[Decision, ...]]:
+    """Re-allocate ports and re-plan the jobs whose allocation changed. `holder`: the job
+    holding the shared ports' turn when the state does not say (a new leader's)."""
     cluster = state.cluster
     previous = state.fabric
     # every arrival and completion re-allocates ports by demand; a job whose
@@ -608,7 +626,7 @@ def _reallocate(
             ),
         )
     ledger = state.fabric.aggregators if state.fabric is not None else AggregatorLedger()
-    active = state.turn_order[0] if state.turn_order else None
+    active = state.turn_order[0] if state.turn_order else holder
     fabric = plan_fabric(
         cluster,
         jobs,

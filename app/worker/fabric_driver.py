@@ -25,13 +25,14 @@ import gc
 import logging
 import queue
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from app.engine.cluster import Cluster, without_failed_ports
 from app.engine.collective import CollectiveChoice
 from app.engine.controller import (
+    NETWORK_SHARED,
     Accounting,
     ControllerConfig,
     ControllerState,
@@ -211,7 +212,13 @@ class FabricDriver:
         # a new leader's first pass: the jobs a previous pass had viewed (a stored
         # collective) are reconciled with the stored plan, not arrivals
         restored = {r.job.job_id for r in fresh if r.collective is not None} if loading else None
-        decisions = self._apply(events, restored=restored)
+        sharers = {  # of those, the ones that took turns on shared ports
+            r.job.job_id
+            for r in fresh
+            if r.collective is not None
+            and (r.collective.get("network") or {}).get("mode") == NETWORK_SHARED
+        }
+        decisions = self._apply(events, restored=restored, sharers=sharers)
         if loading:
             # every placed job's plan is now in memory for the leader's lifetime: take
             # it out of the collector's generations so full collections stay short
@@ -259,14 +266,24 @@ class FabricDriver:
                 return out
 
     def _apply(
-        self, events: Iterable[Event], *, restored: set[str] | None = None
+        self,
+        events: Iterable[Event],
+        *,
+        restored: set[str] | None = None,
+        sharers: Collection[str] = (),
     ) -> list[Decision]:
         before = self._accounts()
-        decisions = self._step(events, restored=restored)
+        decisions = self._step(events, restored=restored, sharers=sharers)
         self._count_since(before)
         return decisions
 
-    def _step(self, events: Iterable[Event], *, restored: set[str] | None = None) -> list[Decision]:
+    def _step(
+        self,
+        events: Iterable[Event],
+        *,
+        restored: set[str] | None = None,
+        sharers: Collection[str] = (),
+    ) -> list[Decision]:
         """Step the controller through `events` (a new leader's first pass, with the
         jobs it `restored`: `engine.controller.restore`); the memory changes only if
         all succeed."""
@@ -274,7 +291,7 @@ class FabricDriver:
         state = self.memory.state
         decisions: list[Decision] = []
         if restored is not None:
-            state, made = restore(state, events, restored)
+            state, made = restore(state, events, restored, sharers)
             decisions.extend(made)
         else:
             for event in events:

@@ -540,3 +540,33 @@ def test_a_change_made_in_a_turn_holders_gap_resends_headers_on_what_it_installs
         ("pod-4", "pod-5", 1),
     ]
     assert all(cc.job_id == "j1-9" for cc in state.desired)
+
+
+def test_a_new_leader_leaves_the_turn_with_its_holder() -> None:
+    """A restart while three jobs took turns gave the turn back to the first sharer: the
+    holder's circuit was torn down at once and built again a turn later (a restart
+    sweep). The holder keeps the turn, from the restart on."""
+    from dataclasses import replace
+
+    from app.engine.controller import restore
+
+    a = _job("cA", _on(ONE_PORT_PER_POD, [0, 1], 0, 2))
+    b = _job("cB", _on(ONE_PORT_PER_POD, [2, 3], 0, 2))
+    d = _job("cD", _on(ONE_PORT_PER_POD, [1, 3], 2, 2))
+    events: list[Event] = [JobPlaced(*j, at_s=0.1 * k) for k, j in enumerate((a, b, d))]
+    state = _run(new_controller(ONE_PORT_PER_POD, CONFIG), events)
+    t = 1.0
+    for _ in range(4):  # rotate until the holder is not the first sharer
+        t += 2 * CONFIG.turn_s
+        state, _ = step(state, Tick(t))
+        if state.turn_order[0] != "cA":
+            break
+    holder = state.turn_order[0]
+    assert holder != "cA"
+    fresh = replace(new_controller(ONE_PORT_PER_POD, CONFIG), desired=state.desired)
+    back = [JobPlaced(*j, at_s=t + 5.0) for j in (a, b, d)]
+    ids = {"cA", "cB", "cD"}
+    again, decisions = restore(fresh, [*back, Tick(t + 5.0)], ids, sharers=ids)
+    assert [x for x in decisions if x.kind == "oxc"] == []
+    assert again.turn_order[0] == holder
+    assert {cc.key for cc in again.desired} == {cc.key for cc in state.desired}
