@@ -1169,10 +1169,7 @@ def _more_circuits(
 ) -> list[tuple[str, str, str]]:
     """Circuits on `w`'s pairs the pool's ports still make once `placed` took theirs:
     the pair with most bytes per circuit first, on the OXC with most room on both pods."""
-    room: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
-    for (o, x, y), n in pool.items():
-        room[o][x] += n
-        room[o][y] += n
+    room = _pool_room(pool)
     have: dict[tuple[str, str], int] = defaultdict(int)
     for o, a, b in placed:
         room[o][a] -= 1
@@ -1182,16 +1179,10 @@ def _more_circuits(
     pairs = set(w.bytes)
     while pairs:
         a, b = max(pairs, key=lambda k: (w.bytes[k] / (have[k] + 1), k))
-        best = max(
-            (o for o, r in room.items() if r[a] > 0 and r[b] > 0),
-            key=lambda o: (min(room[o][a], room[o][b]), o),
-            default=None,
-        )
+        best = _take_roomiest(room, a, b)
         if best is None:
             pairs.discard((a, b))
             continue
-        room[best][a] -= 1
-        room[best][b] -= 1
         have[(a, b)] += 1
         out.append((best, a, b))
     return out
@@ -1209,24 +1200,37 @@ def _host(
 ) -> tuple[list[tuple[str, str, str]], tuple[str, str] | None]:
     """Greedy: each pair in turn on the OXC with most pool ports free on both its pods;
     what was placed, and the first pair that found no OXC (None when every pair did)."""
+    room = _pool_room(pool)
+    out: list[tuple[str, str, str]] = []
+    for a, b in pairs:
+        best = _take_roomiest(room, a, b)
+        if best is None:
+            return out, (a, b)
+        out.append((best, a, b))
+    return out, None
+
+
+def _pool_room(pool: Mapping[tuple[str, str, str], int]) -> dict[str, dict[str, int]]:
+    """OXC -> pod -> the pool's ports there."""
     room: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     for (o, x, y), n in pool.items():
         if n > 0:
             room[o][x] += n
             room[o][y] += n
-    out: list[tuple[str, str, str]] = []
-    for a, b in pairs:
-        best = max(
-            (o for o, r in room.items() if r[a] > 0 and r[b] > 0),
-            key=lambda o: (min(room[o][a], room[o][b]), o),
-            default=None,
-        )
-        if best is None:
-            return out, (a, b)
+    return room
+
+
+def _take_roomiest(room: dict[str, dict[str, int]], a: str, b: str) -> str | None:
+    """The OXC with most room on both pods a and b (one port of each taken), or None."""
+    best = max(
+        (o for o, r in room.items() if r[a] > 0 and r[b] > 0),
+        key=lambda o: (min(room[o][a], room[o][b]), o),
+        default=None,
+    )
+    if best is not None:
         room[best][a] -= 1
         room[best][b] -= 1
-        out.append((best, a, b))
-    return out, None
+    return best
 
 
 def _pool_key(o: str, p: str, q: str) -> tuple[str, str, str]:

@@ -602,11 +602,12 @@ def test_a_job_whose_pods_cannot_be_joined_by_circuits_never_fits() -> None:
     assert isinstance(placed, Placement)
 
 
-def _split_fabric(electrical_gbps: float = 0.0) -> Cluster:
-    """`small`'s 4 pods with pods 0-1 wired only to oxc-0 and pods 2-3 only to oxc-1."""
+def _wired(pods: int, wiring: dict[str, tuple[str, ...]], electrical_gbps: float = 0.0) -> Cluster:
+    """`pods` pods of 2 ToRs x 4 servers, 16 uplinks each, on OXCs wired as `wiring`
+    says (OXC id -> the pods with uplinks on it) instead of every pod on every OXC."""
     base = build_cluster(
-        "split",
-        pods=4,
+        "wired",
+        pods=pods,
         tors_per_pod=2,
         servers_per_tor=4,
         uplink_ports_per_pod=16,
@@ -614,18 +615,18 @@ def _split_fabric(electrical_gbps: float = 0.0) -> Cluster:
         oxc_ports=64,
         pod_electrical_gbps=electrical_gbps,
     )
-    halves = [("oxc-0", ("pod-0", "pod-1")), ("oxc-1", ("pod-2", "pod-3"))]
     reconfig_ms = base.oxcs[0].reconfig_ms
     oxcs = tuple(
-        Oxc(
-            oxc,
-            64,
-            reconfig_ms,
-            {p: tuple(range(16 * i, 16 * (i + 1))) for i, p in enumerate(pods)},
-        )
-        for oxc, pods in halves
+        Oxc(oxc, 64, reconfig_ms, {p: tuple(range(16 * i, 16 * (i + 1))) for i, p in enumerate(on)})
+        for oxc, on in wiring.items()
     )
     return dataclasses.replace(base, oxcs=oxcs)
+
+
+def _split_fabric(electrical_gbps: float = 0.0) -> Cluster:
+    """`small`'s 4 pods with pods 0-1 wired only to oxc-0 and pods 2-3 only to oxc-1."""
+    halves = {"oxc-0": ("pod-0", "pod-1"), "oxc-1": ("pod-2", "pod-3")}
+    return _wired(4, halves, electrical_gbps)
 
 
 def test_a_job_never_spans_pods_no_oxc_joins() -> None:
@@ -693,27 +694,7 @@ def test_pods_joined_hop_by_hop_hold_a_job_across_them() -> None:
     """oxc-0 wires pods 0-1, oxc-1 pods 1-2: pod 1 relays between 0 and 2. A review found
     such a job accepted (the three pods reach one another) and then waiting forever,
     the layout test asking for an OXC on every pair it crosses."""
-    base = build_cluster(
-        "chain",
-        pods=3,
-        tors_per_pod=2,
-        servers_per_tor=4,
-        uplink_ports_per_pod=16,
-        oxcs=2,
-        oxc_ports=64,
-    )
-    reconfig_ms = base.oxcs[0].reconfig_ms
-    chain = dataclasses.replace(
-        base,
-        oxcs=(
-            Oxc(
-                "oxc-0", 64, reconfig_ms, {"pod-0": tuple(range(16)), "pod-1": tuple(range(16, 32))}
-            ),
-            Oxc(
-                "oxc-1", 64, reconfig_ms, {"pod-1": tuple(range(16)), "pod-2": tuple(range(16, 32))}
-            ),
-        ),
-    )
+    chain = _wired(3, {"oxc-0": ("pod-0", "pod-1"), "oxc-1": ("pod-1", "pod-2")})
     assert len(chain.joined_pod_sets) == 1 and chain.reach("pod-0", "pod-2")
     assert not chain.can_join("pod-0", "pod-2")
     for job in (_job(24, model=FACTS), Job("pp", Parallelism(dp=12, pp=2), FACTS)):
