@@ -17,8 +17,8 @@ the controller while at least `--min-running` jobs are running, exactly the
 calls the worker makes (`SimResult.controller_steps`).
 
 Both modes run under the worker's fabric-process collector policy
-(`app.worker.gc_policy`): full garbage collections between steps, never inside
-one, as the fabric process makes them between passes.
+(`app.worker.gc_policy`): garbage collections between steps, not inside one, as
+the fabric process makes them between passes.
 
 Run: .venv/bin/python bench/bench_controller.py [--events N]
      .venv/bin/python bench/bench_controller.py --workload bench/workloads/scatter-1500.jsonl.gz
@@ -55,7 +55,7 @@ from app.engine.traffic import PHASE_DP, PHASE_PP, job_traffic
 from app.sim.families import jitter
 from app.sim.simulator import simulate
 from app.sim.workload import read_workload
-from app.worker.gc_policy import collect_if_due, defer_full_collections
+from app.worker.gc_policy import collect_if_due, defer_collections
 
 SEED = 20261123
 P99_BOUND_MS = 10.0
@@ -95,10 +95,10 @@ def replay(path: str, jobs: int, min_running: int, collector: bool) -> int:
     cluster = preset("seed-15k", reconfig_ms=REPLAY_RECONFIG_MS)
     workload = jitter(read_workload(path), 1)[:jobs]
     print(f"replaying {len(workload)} jobs of {path} (lightpath) ...", file=sys.stderr)
-    # the fabric process's collector policy: start-up state frozen, full collections
+    # the fabric process's collector policy: start-up state frozen, collections
     # between passes, never inside one (`app.worker.gc_policy`)
     gc.freeze()
-    defer_full_collections()
+    defer_collections()
 
     def progress(done: int, total: int) -> None:
         if done % 100 == 0:
@@ -164,7 +164,7 @@ def main() -> int:
     cpu_times: dict[str, list[float]] = defaultdict(list)  # this process's CPU ms
 
     # the fabric process's collector policy (`app.worker.gc_policy`), as in the replay
-    defer_full_collections()
+    defer_collections()
 
     def feed(kind: str, event) -> None:
         nonlocal state

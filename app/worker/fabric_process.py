@@ -176,7 +176,7 @@ def run_child(conn: Connection, settings: Settings, cluster: Cluster) -> None:
     from app.wiring import build_driver, build_fabric_side, build_store
 
     from .fabric_loop import FabricLoop
-    from .gc_policy import collect_if_due, defer_full_collections
+    from .gc_policy import collect_if_due, defer_collections
 
     configure_logging(settings.log_level)
     if settings.fabric_nice:
@@ -201,8 +201,8 @@ def run_child(conn: Connection, settings: Settings, cluster: Cluster) -> None:
         on_fabric_change=controller.kick,
     )
     driver.on_views = lambda views: send(("views", dict(views)))
-    # full collections between passes, never inside one (see `gc_policy`)
-    defer_full_collections()
+    # garbage collections between passes, not inside one (see `gc_policy`)
+    defer_collections()
     loop.after_pass = lambda idle: collect_if_due(idle=idle)
     controller.on_failed_ports = loop.request_replan
     stop = threading.Event()

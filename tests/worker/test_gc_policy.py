@@ -1,4 +1,4 @@
-"""The fabric process's collector policy: full collections only when asked, and due."""
+"""The fabric process's collector policy: collections between passes, on CPython's schedule."""
 
 from __future__ import annotations
 
@@ -10,7 +10,13 @@ import pytest
 
 from app.worker.fabric_driver import FabricPassResult
 from app.worker.fabric_loop import FabricLoop
-from app.worker.gc_policy import FULL_AFTER_GEN1, collect_if_due, defer_full_collections
+from app.worker.gc_policy import (
+    FULL_AFTER_GEN1,
+    YOUNG,
+    YOUNG_IN_PASS,
+    collect_if_due,
+    defer_collections,
+)
 from app.worker.metrics import WorkerMetrics
 
 
@@ -22,10 +28,9 @@ def restored_collector() -> Iterator[None]:
 
 
 def test_full_collections_wait_for_the_idle_call(restored_collector: None) -> None:
-    before = gc.get_threshold()
-    defer_full_collections()
+    defer_collections()
     young, middle, full = gc.get_threshold()
-    assert (young, middle) == before[:2] and full > 10**6
+    assert young == YOUNG_IN_PASS and middle == 10 and full > 10**6
     gc.collect()  # counters start at zero
     for _ in range(FULL_AFTER_GEN1 - 1):
         gc.collect(1)
@@ -36,6 +41,22 @@ def test_full_collections_wait_for_the_idle_call(restored_collector: None) -> No
     assert not collect_if_due(idle=False)
     assert collect_if_due()
     assert gc.get_count()[2] == 0
+
+
+def test_young_collections_wait_for_the_call_between_passes(restored_collector: None) -> None:
+    defer_collections()
+    gc.collect()
+    kept = [[] for _ in range(3 * YOUNG)]  # what a pass builds: no automatic collection
+    assert gc.get_count()[0] >= 3 * YOUNG and gc.get_count()[1] == 0
+    assert not collect_if_due()  # generation 0, not a full one
+    assert gc.get_count()[:2] == (0, 1)
+    for _ in range(9):
+        gc.collect(0)
+    assert not collect_if_due()  # the tenth: generation 1, counted towards a full one
+    assert gc.get_count() == (0, 0, 1)
+    assert not collect_if_due()  # nothing pending: nothing made
+    assert gc.get_count() == (0, 0, 1)
+    del kept
 
 
 class _Driver:
