@@ -1301,9 +1301,12 @@ def _shrink_for(
     index, without = cache.index, cache.without
 
     def after(j: str, key: tuple[str, str, str]) -> float:
-        got = without.get((j, key))
+        mine = without.get(j)
+        if mine is None:
+            mine = without[j] = {}
+        got = mine.get(key)
         if got is None:
-            got = without[(j, key)] = _slowdown_without(work[j], key, port_bps)
+            got = mine[key] = _slowdown_without(work[j], key, port_bps)
         return got
 
     for a, b in pairs:
@@ -1347,8 +1350,7 @@ def _shrink_for(
             work[j].have[(key[1], key[2])] -= 1
             ports.give(key[0], key[1], key[2], 1)
             cache.gave.add(j)
-            for k in [k for k in without if k[0] == j]:
-                del without[k]
+            without.pop(j, None)
     return True
 
 
@@ -1422,7 +1424,7 @@ class _DonorCache:
         self.index: dict[tuple[str, str], _DonorIndex] = {}
         # per pair and OXC, its donors' circuits as heaps (`_donor_heaps`)
         self.heaps: dict[tuple[str, str], dict[str, tuple[_DonorHeap, _DonorHeap, _DonorHeap]]] = {}
-        self.without: dict[tuple[str, tuple[str, str, str]], float] = {}
+        self.without: dict[str, dict[tuple[str, str, str], float]] = {}  # by donor, circuit
         self.gave: set[str] = set() if gave is None else gave  # donors that gave
 
 
