@@ -170,7 +170,12 @@ class DecisionOut(BaseModel):
     job_id: str | None
     reason: Literal["arrival", "completion", "phase", "prediction", "reconcile"]
     placement: PlacementOut | None = Field(None, description="kind placement: where it runs")
-    oxc: OxcChangeOut | None = Field(None, description="kind oxc: one switch's changes")
+    oxc: OxcChangeOut | None = Field(
+        None,
+        description="kind oxc: one switch's changes for `job_id`; where a change moves "
+        "ports between jobs, the jobs losing ports come first with their disconnects, then "
+        "the jobs gaining them with their connects",
+    )
     routing: RoutingOut | None = Field(None, description="kind routing: one job's header")
 
 
@@ -268,7 +273,9 @@ class PredictionOut(BaseModel):
     misses: int = Field(description="phases that were neither hits nor held")
     held: int = Field(0, description="phases that ran on a topology the controller kept")
     exposed_reconfig_s: float | None = Field(
-        None, description="seconds phases waited on circuits still being switched"
+        None,
+        description="seconds phases waited on circuits still being switched (a moment "
+        "several phases waited through counts once)",
     )
 
 

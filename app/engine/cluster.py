@@ -149,24 +149,30 @@ class Cluster:
 
     @cached_property
     def joined_pod_sets(self) -> tuple[frozenset[str], ...]:
-        """The pods split into sets whose members reach one another, hop by hop over
-        pairs `can_join` joins (one set on any fabric whose OXCs reach every pod)."""
-        sets: list[set[str]] = []
-        for pod in self.pods:
-            linked = [s for s in sets if any(self.can_join(pod.id, q) for q in s)]
-            merged = {pod.id}.union(*linked)
-            sets = [s for s in sets if s not in linked] + [merged]
-        return tuple(frozenset(s) for s in sets)
+        """The largest sets of pods every two of which `can_join` joins directly (the
+        maximal cliques of that relation; one set, every pod, on a fabric whose OXCs
+        are each wired to every pod). A job spans only pods of one set: the
+        allocation builds a circuit between two pods only on an OXC wired to both,
+        never one relayed through a third pod that the job is not on."""
+        ids = [p.id for p in self.pods]
+        near = {a: {b for b in ids if b != a and self.can_join(a, b)} for a in ids}
+        found: list[frozenset[str]] = []
 
-    @cached_property
-    def _joined_set_index(self) -> dict[str, int]:
-        return {p: i for i, pods in enumerate(self.joined_pod_sets) for p in pods}
+        # Bron-Kerbosch with a pivot: the sets that contain `have`, grown from `maybe`,
+        # not already found with one of `done`
+        def grow(have: set[str], maybe: set[str], done: set[str]) -> None:
+            if not maybe and not done:
+                found.append(frozenset(have))
+                return
+            pivot = max(maybe | done, key=lambda p: len(near[p] & maybe))
+            for p in sorted(maybe - near[pivot], key=ids.index):
+                grow(have | {p}, maybe & near[p], done & near[p])
+                maybe = maybe - {p}
+                done = done | {p}
 
-    def reach(self, a: str, b: str) -> bool:
-        """Can traffic get from pod a to pod b over circuits (directly, or relayed by
-        the pods between) or electrical cores: are they in one `joined_pod_sets` set?"""
-        index = self._joined_set_index
-        return index[a] == index[b]
+        grow(set(), set(ids), set())
+        order = {p: i for i, p in enumerate(ids)}
+        return tuple(sorted(found, key=lambda s: sorted(order[p] for p in s)))
 
     @cached_property
     def tors_by_id(self) -> dict[str, Tor]:

@@ -803,6 +803,38 @@ def _combined(traffic: Sequence[PhaseTraffic]) -> DemandMatrix:
     return phases[PHASE_PP].plus(phases[PHASE_DP])
 
 
+def oxc_decisions(
+    gone: Sequence[CrossConnect], new: Sequence[CrossConnect], reason: str
+) -> list[Decision]:
+    """Per OXC, the cross-connects to disconnect (`gone`) and connect (`new`), each
+    decision under the one job they are for.
+
+    Where one switch's change is several jobs' (an arrival taking ports from a
+    running job, a turn passing), every job's disconnects come first and then every
+    job's connects, so a consumer replaying the log in order never connects a port
+    still joined (these were one decision with no `job_id`)."""
+    gone_owner = {cc.key: cc.job_id for cc in gone}
+    new_owner = {cc.key: cc.job_id for cc in new}
+    out: list[Decision] = []
+    for change in diff_cross_connects(gone, new):
+        o = change.oxc_id
+        lost: dict[str, list[tuple[int, int]]] = defaultdict(list)
+        got: dict[str, list[tuple[int, int]]] = defaultdict(list)
+        for a, b in change.disconnect:
+            lost[gone_owner[(o, a, b)]].append((a, b))
+        for a, b in change.connect:
+            got[new_owner[(o, a, b)]].append((a, b))
+        jobs = set(lost) | set(got)
+        if len(jobs) == 1:
+            out.append(Decision("oxc", jobs.pop(), reason, oxc=change))
+            continue
+        for job_id in sorted(lost):
+            out.append(Decision("oxc", job_id, reason, oxc=OxcChange(o, (), tuple(lost[job_id]))))
+        for job_id in sorted(got):
+            out.append(Decision("oxc", job_id, reason, oxc=OxcChange(o, tuple(got[job_id]), ())))
+    return out
+
+
 def diff_plans(
     before: FabricPlan | None,
     after: FabricPlan,
@@ -817,13 +849,7 @@ def diff_plans(
         changes = changed_cross_connects(
             before.cross_connects if before else (), after.cross_connects
         )
-    gone, new = changes
-    decisions: list[Decision] = []
-    owners = {cc.key: cc.job_id for cc in gone + new}
-    for change in diff_cross_connects(gone, new):
-        jobs = {owners.get((change.oxc_id, a, b)) for a, b in change.connect + change.disconnect}
-        job_id = jobs.pop() if len(jobs) == 1 else None
-        decisions.append(Decision("oxc", job_id, reason, oxc=change))
+    decisions = oxc_decisions(*changes, reason)
     was = {j.job_id: j for j in before.jobs} if before else {}
     for j in after.jobs:
         prior = was.get(j.job_id)

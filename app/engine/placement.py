@@ -62,8 +62,8 @@ NEVER_EP_WIDER_THAN_POD = "an EP group needs more servers than any pod holds"
 NEVER_TOO_MANY_EP_GROUPS = "the cluster's pods cannot hold that many EP groups at once"
 NEVER_TOO_FEW_UPLINKS = "the pods it must span have too few uplinks to join them with circuits"
 NEVER_PODS_NOT_JOINED = (
-    "no set of pods that reach one another (over OXCs wired to both pods of a pair, hop "
-    "by hop, or electrical cores) holds it"
+    "no set of pods every two of which an OXC wired to both (or both pods' electrical "
+    "cores) joins holds it"
 )
 NOT_NOW_BUSY = "not enough free servers for whole EP groups inside pods right now"
 NOT_NOW_UPLINKS = (
@@ -153,8 +153,8 @@ def never_fits(cluster: Cluster, job: Job) -> tuple[str, ...]:
 
 
 def _joined_enough(cluster: Cluster, job: Job) -> bool:
-    """Some set of pods that can reach one another (`Cluster.joined_pod_sets`) holds the
-    job's EP groups."""
+    """Some set of pods every two of which can be joined (`Cluster.joined_pod_sets`)
+    holds the job's EP groups."""
     ep = job.parallelism.ep
     need = job.parallelism.dp * job.parallelism.pp
     pods = cluster.pods_by_id
@@ -303,8 +303,8 @@ def place_job(
             key=lambda c: (c[0].total_s > fastest * 1.001, _straddling(tor_of, c[1]), c[2]),
         )
         best = (chosen[0], chosen[1])
-        if pods > 1 and not _all_reach(cluster, {slot.pod_id for slot in slots}):
-            # pods that cannot reach one another: checked on the pods themselves, not
+        if pods > 1 and not _all_joined(cluster, {slot.pod_id for slot in slots}):
+            # pods two of which cannot be joined: checked on the pods themselves, not
             # only on the pairs the job is modelled to cross
             return Unplaceable(job.job_id, (NOT_NOW_UPLINKS,))
         if pods > 1 and _uplinks_short(cluster, job, best[1]):
@@ -333,22 +333,22 @@ def place_job(
         return Placement(job.job_id, tuple(best[1]), reason=reason)
 
 
-def _all_reach(cluster: Cluster, pods: Set[str]) -> bool:
-    """Do these pods all reach one another (`Cluster.reach`)?"""
-    first = next(iter(pods))
-    return all(cluster.reach(first, p) for p in pods)
+def _all_joined(cluster: Cluster, pods: Set[str]) -> bool:
+    """Can every two of these pods be joined directly (`Cluster.can_join`)?"""
+    ordered = sorted(pods)
+    return all(cluster.can_join(a, b) for i, a in enumerate(ordered) for b in ordered[i + 1 :])
 
 
 def _uplinks_short(cluster: Cluster, job: Job, units: Sequence[Unit]) -> bool:
-    """The layout crosses a pod pair nothing can reach (no circuits, direct or
-    relayed through other pods, nor electrical cores: `Cluster.reach`), or some
+    """The layout crosses a pod pair nothing joins (no OXC wired to both, nor
+    electrical cores: `Cluster.can_join`), or some
     pod of it has fewer uplinks (all of them) than the pod pairs it crosses and no
     electrical core: it could never hold one circuit per pair, even taking turns."""
     demand = job_demand(cluster, job, Placement(job.job_id, tuple(units)))
     pods = cluster.pods_by_id
     degree: dict[str, int] = {}
     for a, b, _ in demand.pair_bytes:
-        if not cluster.reach(a, b):
+        if not cluster.can_join(a, b):
             return True
         degree[a] = degree.get(a, 0) + 1
         degree[b] = degree.get(b, 0) + 1
@@ -583,9 +583,9 @@ def _pick_pods(
 
     joined = cluster.joined_pod_sets
     if len(joined) > 1:
-        # pods that reach one another only (a fabric whose OXCs do not reach every
-        # pod): the set that holds the job in the fewest pods, then the fullest; when
-        # none holds it, its layout crosses sets and it waits (`_uplinks_short`)
+        # pods every two of which can be joined only (a fabric whose OXCs are not each
+        # wired to every pod): the set that holds the job in the fewest pods, then the
+        # fullest; when none holds it, its layout crosses sets and it waits
         def cost(pods: list[Pod]) -> tuple[int, int]:
             caps = sorted((pod_cap[p.id] for p in pods), reverse=True)
             held = n = 0

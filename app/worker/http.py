@@ -7,7 +7,8 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from starlette.concurrency import run_in_threadpool
+
+from app.api.routes.ops import readiness
 
 
 def create_worker_app(runtime: Any) -> FastAPI:
@@ -21,26 +22,12 @@ def create_worker_app(runtime: Any) -> FastAPI:
 
     @app.get("/readyz")
     async def readyz() -> JSONResponse:
-        checks: dict[str, str] = {}
-        for name, probe in (
+        probes = [
             ("database", services.store.ping),
             ("bus", services.bus.ping),
             ("southbound", services.southbound.list_oxcs),
-        ):
-            try:
-                await run_in_threadpool(probe)
-                checks[name] = "ok"
-            except Exception as exc:  # a probe reports, it does not raise
-                checks[name] = f"unreachable: {type(exc).__name__}"
-        ready = all(v == "ok" for v in checks.values())
-        return JSONResponse(
-            {
-                "status": "ready" if ready else "not ready",
-                "leader": runtime.is_leader(),
-                "checks": checks,
-            },
-            status_code=200 if ready else 503,
-        )
+        ]
+        return await readiness(probes, {"leader": runtime.is_leader()})
 
     @app.get("/metrics")
     async def metrics() -> Response:

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from app.engine.allocation import job_demand
 from app.engine.cluster import Cluster, Oxc, build_cluster, preset
 from app.engine.collective import AggregatorLedger, choose_collective
+from app.engine.controller import ControllerConfig, JobPlaced, network_view, new_controller, step
 from app.engine.job import Collective, Job, ModelFacts, Parallelism, Placement, Unplaceable
 from app.engine.placement import (
     NEVER_PODS_NOT_JOINED,
@@ -690,13 +691,55 @@ def test_pods_with_an_electrical_core_need_no_uplinks_to_be_joined() -> None:
     assert isinstance(place_job(cored, set(cored.server_ids), job), Placement)
 
 
-def test_pods_joined_hop_by_hop_hold_a_job_across_them() -> None:
-    """oxc-0 wires pods 0-1, oxc-1 pods 1-2: pod 1 relays between 0 and 2. A review found
-    such a job accepted (the three pods reach one another) and then waiting forever,
-    the layout test asking for an OXC on every pair it crosses."""
+def test_a_job_spans_only_pods_every_two_of_which_an_oxc_joins() -> None:
+    """oxc-0 wires pods 0-1, oxc-1 pods 1-2. A job over all three was admitted (pod 1
+    relays between 0 and 2) and ran `shared`, alone in the turns: the allocation builds
+    a circuit only on an OXC wired to both pods, never one relayed through a pod. A
+    sweep then found the relay outside the job: a two-pod job on pods 0 and 3 of
+    oxc-0 = {0, 1, 2}, oxc-1 = {1, 2, 3} got no circuit at all. A job now spans only
+    pods every two of which one OXC joins."""
     chain = _wired(3, {"oxc-0": ("pod-0", "pod-1"), "oxc-1": ("pod-1", "pod-2")})
-    assert len(chain.joined_pod_sets) == 1 and chain.reach("pod-0", "pod-2")
-    assert not chain.can_join("pod-0", "pod-2")
+    assert chain.joined_pod_sets == (
+        frozenset({"pod-0", "pod-1"}),
+        frozenset({"pod-1", "pod-2"}),
+    )
     for job in (_job(24, model=FACTS), Job("pp", Parallelism(dp=12, pp=2), FACTS)):
-        assert never_fits(chain, job) == ()
-        assert isinstance(place_job(chain, set(chain.server_ids), job), Placement)
+        assert never_fits(chain, job) == (NEVER_PODS_NOT_JOINED,)
+    pair = Job("pair", Parallelism(dp=8, pp=2), FACTS)
+    placed = place_job(chain, set(chain.server_ids), pair)
+    assert isinstance(placed, Placement)
+    pods = {chain.server(s).pod_id for s in placed.servers}
+    assert pods in ({"pod-0", "pod-1"}, {"pod-1", "pod-2"})
+    # with pod 1 busy, only pods 0 and 2 are free: it waits
+    free = {s for s in chain.server_ids if not s.startswith("pod-1/")}
+    waits = place_job(chain, free, pair)
+    assert isinstance(waits, Unplaceable) and waits.reasons == (NOT_NOW_UPLINKS,)
+
+
+def test_two_overlapping_sets_of_joined_pods_place_a_job_inside_one() -> None:
+    """The sweep's cluster: oxc-0 wired to pods 0-2, oxc-1 to pods 1-3. A 16-server job
+    went on pods 0 and 3, which no OXC joins; it now goes on two pods of one set and
+    every pair it crosses gets circuits."""
+    overlap = _wired(
+        4, {"oxc-0": ("pod-0", "pod-1", "pod-2"), "oxc-1": ("pod-1", "pod-2", "pod-3")}
+    )
+    assert overlap.joined_pod_sets == (
+        frozenset({"pod-0", "pod-1", "pod-2"}),
+        frozenset({"pod-1", "pod-2", "pod-3"}),
+    )
+    job = Job("c2", Parallelism(dp=7, pp=2), FACTS)
+
+    def on(pod: str) -> list[str]:
+        return [s for s in overlap.server_ids if s.startswith(pod + "/")]
+
+    # as the sweep's pods of 8, 7 and 6 servers: the best fit for the job's tail was
+    # pod 3, across from pod 0
+    free = {*on("pod-0"), *on("pod-2")[:7], *on("pod-3")[:6]}
+    placed = place_job(overlap, free, job)
+    assert isinstance(placed, Placement)
+    pods = sorted({overlap.server(s).pod_id for s in placed.servers})
+    assert all(overlap.can_join(a, b) for a in pods for b in pods if a < b), pods
+    fresh = new_controller(overlap, ControllerConfig(reconfig_ms=25.0))
+    state, _ = step(fresh, JobPlaced(job, placed, 0.0))
+    view = network_view(state, job.job_id)
+    assert view is not None and view.mode == "isolated" and view.pod_ports, view

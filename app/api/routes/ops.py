@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable, Sequence
+from typing import Any
+
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -33,26 +37,48 @@ async def healthz() -> dict[str, str]:
     },
 )
 async def readyz(services: ServicesDep) -> JSONResponse:
-    checks: dict[str, str] = {}
-
-    def probe(name: str, fn: object) -> None:
-        try:
-            fn()  # type: ignore[operator]
-            checks[name] = "ok"
-        except Exception as exc:  # a readiness probe reports, it does not raise
-            checks[name] = f"unreachable: {type(exc).__name__}"
-
     # what this process needs: `lightpath serve` drives the switches itself, so it
     # probes them too; `lightpath api` does not (switches that are down do not stop
     # launchers submitting or completing jobs; the worker's own /readyz probes them)
-    await run_in_threadpool(probe, "database", services.store.ping)
-    await run_in_threadpool(probe, "bus", services.bus.ping)
+    probes: list[tuple[str, Callable[[], object]]] = [
+        ("database", services.store.ping),
+        ("bus", services.bus.ping),
+    ]
     if services.southbound is not None:
-        await run_in_threadpool(probe, "southbound", services.southbound.list_oxcs)
+        probes.append(("southbound", services.southbound.list_oxcs))
+    return await readiness(probes)
+
+
+# a probe that has not answered by then is reported unreachable: Kubernetes' probes
+# give up after 1 s by default, and a hung switch held the worker's answer for 5 s
+PROBE_TIMEOUT_S = 0.8
+
+
+async def readiness(
+    probes: Sequence[tuple[str, Callable[[], object]]], extra: dict[str, Any] | None = None
+) -> JSONResponse:
+    """200 with every check `ok`, else a 503 problem whose `checks` say what is down.
+
+    The probes run at once, each in the threadpool, and each is given
+    `PROBE_TIMEOUT_S` (one left hanging finishes in its thread, unawaited)."""
+
+    async def probe(fn: Callable[[], object]) -> str:
+        try:
+            await asyncio.wait_for(run_in_threadpool(fn), PROBE_TIMEOUT_S)
+            return "ok"
+        except TimeoutError:
+            return f"unreachable: no answer within {PROBE_TIMEOUT_S} s"
+        except Exception as exc:  # a readiness probe reports, it does not raise
+            return f"unreachable: {type(exc).__name__}"
+
+    answers = await asyncio.gather(*(probe(fn) for _, fn in probes))
+    checks = {name: answer for (name, _), answer in zip(probes, answers, strict=True)}
     if all(v == "ok" for v in checks.values()):
-        return JSONResponse({"status": "ready", "checks": checks})
+        return JSONResponse({"status": "ready", **(extra or {}), "checks": checks})
     down = ", ".join(f"{k}: {v}" for k, v in checks.items() if v != "ok")
-    return problem_response(503, "Not ready", down, kind="not-ready", extra={"checks": checks})
+    return problem_response(
+        503, "Not ready", down, kind="not-ready", extra={**(extra or {}), "checks": checks}
+    )
 
 
 @router.get(

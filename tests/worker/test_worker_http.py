@@ -1,0 +1,58 @@
+"""The worker's probes: /readyz answers problem+json when a dependency is down, in time."""
+
+from __future__ import annotations
+
+import threading
+import time
+from types import SimpleNamespace
+
+from fastapi.testclient import TestClient
+
+from app.api.problems import PROBLEM_JSON
+from app.worker.http import create_worker_app
+
+
+def _runtime(list_oxcs: object) -> SimpleNamespace:
+    services = SimpleNamespace(
+        store=SimpleNamespace(ping=lambda: None),
+        bus=SimpleNamespace(ping=lambda: None),
+        southbound=SimpleNamespace(list_oxcs=list_oxcs),
+        metrics=SimpleNamespace(registry=None),
+    )
+    return SimpleNamespace(services=services, is_leader=lambda: True)
+
+
+def test_the_worker_is_ready_when_every_dependency_answers() -> None:
+    with TestClient(create_worker_app(_runtime(lambda: []))) as c:
+        answer = c.get("/readyz")
+    assert answer.status_code == 200
+    assert answer.json() == {
+        "status": "ready",
+        "leader": True,
+        "checks": {"database": "ok", "bus": "ok", "southbound": "ok"},
+    }
+
+
+def test_a_hung_switch_makes_a_503_problem_within_a_probe_timeout() -> None:
+    """A sweep SIGSTOPped the mock switches: the worker's /readyz answered after 5 s
+    (past Kubernetes' 1 s probe timeout) with a plain JSON body."""
+    release = threading.Event()
+
+    def hung() -> None:
+        release.wait(10)
+
+    try:
+        with TestClient(create_worker_app(_runtime(hung))) as c:
+            started = time.monotonic()
+            answer = c.get("/readyz")
+            took = time.monotonic() - started
+    finally:
+        release.set()
+    assert took < 1.0, took
+    assert answer.status_code == 503
+    assert answer.headers["content-type"] == PROBLEM_JSON
+    body = answer.json()
+    assert body["status"] == 503 and body["title"] == "Not ready" and body["leader"] is True
+    assert body["checks"]["database"] == "ok"
+    assert body["checks"]["southbound"].startswith("unreachable: no answer")
+    assert "southbound" in body["detail"]
