@@ -9,7 +9,8 @@ generated). The electrical policies do not depend on the latency and run once
 per seed. `comm-heavy` runs with B200 GPUs (`--gpu b200`), the others A100.
 
 Printed per family and latency: steady utilisation (compute GPU-seconds over
-cluster GPU-seconds while the queue is never empty), mean and p99 iteration
+cluster GPU-seconds while the queue is never empty under any of the policies:
+one window per seed for all seven, `report.common_window`), mean and p99 iteration
 slowdown, the network's share of iteration time, done/refused/stalled, each
 a mean with its 95% confidence interval over the seeds. Written under
 bench/out/evaluation/: results.json, table.md, and one plot per family
@@ -46,8 +47,8 @@ from rich.console import Console
 
 from app.engine.cluster import Cluster, build_cluster, preset
 from app.sim.families import FAMILIES, FAMILY_GPU, generate, jitter
-from app.sim.report import aggregate, coinciding, evaluation_table, summarize
-from app.sim.simulator import simulate
+from app.sim.report import aggregate, coinciding, evaluation_table, summarize_compared
+from app.sim.simulator import SimResult, simulate
 
 POLICIES = ("ideal", "spray", "spray-same-cost", "ecmp", "static", "reactive", "lightpath")
 ELECTRICAL = ("ideal", "spray", "spray-same-cost", "ecmp")
@@ -105,27 +106,28 @@ def run_family(
     workload = generate(family, preset("seed-15k"), load=LOAD, jobs=jobs, seed=GENERATION_SEED)
     base_cluster = variant(None, uplinks)
     copies = [jitter(workload, k) for k in range(seeds)]
-    electrical: dict[str, list[dict[str, Any]]] = {}
+    electrical: dict[str, list[SimResult]] = {}
     t0 = time.perf_counter()
     for policy in ELECTRICAL:
         electrical[policy] = [
-            summarize(simulate(base_cluster, w, policy, seed=k, gpu=gpu))
-            for k, w in enumerate(copies)
+            simulate(base_cluster, w, policy, seed=k, gpu=gpu) for k, w in enumerate(copies)
         ]
     electrical_s = time.perf_counter() - t0
     cells = {}
     for latency in latencies:
         cluster = variant(latency, uplinks, electrical_gbps)
         t1 = time.perf_counter()
-        per_policy = dict(electrical)
+        runs = dict(electrical)
         for policy in POLICIES:
             if policy in ELECTRICAL:
                 continue
-            per_policy[policy] = [
-                summarize(simulate(cluster, w, policy, seed=k, reconfig_ms=latency, gpu=gpu))
+            runs[policy] = [
+                simulate(cluster, w, policy, seed=k, reconfig_ms=latency, gpu=gpu)
                 for k, w in enumerate(copies)
             ]
         wall = time.perf_counter() - t1 + electrical_s
+        # every policy over one steady window per seed (`report.common_window`)
+        per_policy = summarize_compared({p: runs[p] for p in POLICIES})
         aggregates = [aggregate(per_policy[p]) for p in POLICIES]
         shape = f", {uplinks} uplinks/pod" if uplinks else ""
         shape += f", {electrical_gbps:g} Gb/s core/pod" if electrical_gbps else ""

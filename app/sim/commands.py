@@ -34,6 +34,7 @@ from .report import (
     print_table,
     seeded_summary,
     summarize,
+    summarize_compared,
     write_comparison_plot,
     write_error_bar_plot,
     write_json,
@@ -157,7 +158,12 @@ def run_simulate(
                 )
             progress.update(task, completed=len(workload) * seeds)
     results = [runs[p][0] for p in policies]
-    per_seed = {p: [summarize(r) for r in runs[p]] for p in policies}
+    # policies compared are measured over one steady window per seed (`common_window`)
+    per_seed = (
+        summarize_compared({p: runs[p] for p in policies})
+        if len(policies) > 1
+        else {p: [summarize(r) for r in runs[p]] for p in policies}
+    )
     aggregates = [aggregate(per_seed[p]) for p in policies]
     # one seed: the run's figures; several: the means, with `ci95` half-widths
     summaries = [per_seed[p][0] if seeds == 1 else seeded_summary(per_seed[p]) for p in policies]

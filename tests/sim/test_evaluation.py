@@ -21,7 +21,7 @@ from app.engine.rewiring_rules import reactive_rewires
 from app.sim.commands import run_from_trace, run_generate, run_simulate
 from app.sim.families import FAMILIES, FAMILY_GPU, generate, jitter
 from app.sim.policies import POLICIES, turn_factor
-from app.sim.report import mean_ci95, summarize
+from app.sim.report import common_window, mean_ci95, summarize, summarize_compared
 from app.sim.simulator import JobResult, SimResult, simulate
 from app.sim.workload import WorkloadJob, read_workload
 
@@ -307,6 +307,35 @@ def test_from_trace_load_factor_compresses_arrivals(tmp_path: Path) -> None:
     assert run_from_trace(str(trace), str(two), 30, 0, load=0.0) == 2
 
 
+def test_policies_compared_are_measured_over_one_steady_window() -> None:
+    """Each run's own window favoured a policy that keeps jobs waiting: its queue lasts
+    longer, so its window takes in busy time the other run had finished (a helper's
+    moe run put lightpath above ideal that way). Compared runs share the intersection
+    of their windows."""
+    # 16 GPUs. "prompt" queues over 0-100 s and keeps 14.5 busy; "holding" keeps a job
+    # waiting, its queue lasts until 200 s: 14 busy, then 16 once the job runs
+    prompt = SimResult(
+        "ideal", 16, [], [(0.0, 100.0, 14.5), (100.0, 150.0, 8.0)], 0.0,
+        queue_timeline=[(0.0, 1), (100.0, 0)],
+    )  # fmt: skip
+    holding = SimResult(
+        "lightpath", 16, [], [(0.0, 100.0, 14.0), (100.0, 200.0, 16.0)], 0.0,
+        queue_timeline=[(0.0, 1), (200.0, 0)],
+    )  # fmt: skip
+    own = {r.policy: summarize(r)["steady_utilization"] for r in (prompt, holding)}
+    assert own["lightpath"] > own["ideal"]  # 0.9375 over 200 s against 0.906 over 100 s
+    assert common_window([prompt, holding]) == (0.0, 100.0)
+    shared = summarize_compared({"ideal": [prompt], "lightpath": [holding]})
+    assert shared["ideal"][0]["steady_utilization"] == pytest.approx(14.5 / 16)
+    assert shared["lightpath"][0]["steady_utilization"] == pytest.approx(14.0 / 16)
+    assert shared["lightpath"][0]["steady_window"] == [0.0, 100.0]
+    assert shared["lightpath"][0]["steady_window_shared"] is True
+    # a run whose queue never built up: no window for any of them
+    idle = SimResult("spray", 16, [], [(0.0, 100.0, 8.0)], 0.0, queue_timeline=[(0.0, 0)])
+    assert common_window([prompt, idle]) == (0.0, 0.0)
+    assert summarize_compared({"a": [prompt], "b": [idle]})["a"][0]["steady_utilization"] is None
+
+
 def test_a_clos_of_the_optical_layers_cost_has_fewer_uplinks_and_is_slower() -> None:
     from app.sim.ecmp import SAME_COST_CAPACITY, clos_shape
 
@@ -370,8 +399,10 @@ def test_lightpath_holds_small_jobs_back_from_scattering_over_pods_short_of_upli
     assert all(j.end_s is not None for j in held.jobs)  # nobody waits for ever
     assert scattered(held) < scattered(free)
     assert scattered(simulate(cluster, workload, "spray", gpu="b200")) >= 10
-    steady_held = summarize(held)["steady_utilization"]
-    steady_free = summarize(free)["steady_utilization"]
+    # over one window for both (holding jobs back makes a queue last longer)
+    compared = summarize_compared({"held": [held], "free": [free]})
+    steady_held = compared["held"][0]["steady_utilization"]
+    steady_free = compared["free"][0]["steady_utilization"]
     assert steady_held > steady_free + 0.02, (steady_held, steady_free)
 
 
