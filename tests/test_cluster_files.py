@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from app.cluster_files import ConfigError, load_cluster
-from app.engine.cluster import cluster_to_dict, preset
+from app.engine.cluster import CLUSTER_FILE_KEYS, cluster_to_dict, preset
 from tests.support import LiveServer
 
 
@@ -42,7 +42,16 @@ def test_a_cluster_file_round_trips_through_the_api_shape(tmp_path: Path) -> Non
         (lambda d: d["oxcs"][0]["pod_ports"]["pod-1"].append(999), "out of range"),
         (lambda d: d["pods"][0].update({"uplink_ports": 3}), "uplinks"),
         (lambda d: d.pop("pods"), "missing"),
-        (lambda d: d["pods"][0].update({"electrical_gbps": -1}), "must not be negative"),
+        (lambda d: d["pods"][0].update({"electrical_gbps": -1}), "finite numbers >= 0"),
+        # a helper's held-out files: each of these was accepted silently
+        (lambda d: d["pods"][0].update({"electrical_gbps": float("nan")}), "finite"),
+        (lambda d: d["pods"][0].update({"electrical_gbps": float("inf")}), "finite"),
+        (lambda d: d["pods"][0]["tors"][0].update({"aggregator_gbps": -1}), "pod-0/tor-0"),
+        (lambda d: d["pods"][0]["tors"][0].update({"aggregator_gbps": float("nan")}), "finite"),
+        (lambda d: d["oxcs"].append({"id": "oxc-x", "ports": -5}), "oxc-x: ports"),
+        (lambda d: d["pods"][0].update({"electrical_gbs": 800}), "unknown field 'electrical_gbs'"),
+        (lambda d: d["oxcs"][0].update({"latency_ms": 5}), "OXC oxc-0 has an unknown field"),
+        (lambda d: d.update({"pod": []}), "the cluster has an unknown field 'pod'"),
         (lambda d: d["oxcs"][0].update({"reconfig_ms": -5}), "reconfig_ms"),
         (lambda d: d.update({"nic_gbps": float("nan")}), "must be positive"),
         # types as the file states them, not coerced
@@ -63,6 +72,21 @@ def test_inconsistent_cluster_files_are_refused(tmp_path: Path, mutate, message:
         load_cluster(str(path))
     with pytest.raises(ConfigError, match="neither a preset"):
         load_cluster(str(tmp_path / "missing.yaml"))
+
+
+def test_every_field_of_the_cluster_view_loads_back_as_a_cluster_file() -> None:
+    """A cluster file refuses unknown fields (a typo meant a default); the view the API
+    serves (`GET /v1/cluster`, live fields included) must still load back."""
+    from app.api.schemas import ClusterOut, OxcOut, PodOut, ServerOut, TorOut
+
+    for level, model in (
+        ("cluster", ClusterOut),
+        ("pod", PodOut),
+        ("tor", TorOut),
+        ("server", ServerOut),
+        ("oxc", OxcOut),
+    ):
+        assert set(model.model_fields) <= CLUSTER_FILE_KEYS[level], level
 
 
 def test_seed_15k_matches_the_design_notes() -> None:

@@ -330,6 +330,7 @@ def cluster_from_dict(data: Mapping[str, Any], name: str = "custom") -> Cluster:
 
     Raises ValueError with a readable reason when the description is inconsistent.
     """
+    _known_keys(data)
     try:
         gpus = _int(data.get("gpus_per_server", GPUS_PER_SERVER), "gpus_per_server")
         nic = _number(data.get("nic_gbps", NIC_GBPS), "nic_gbps")
@@ -383,8 +384,19 @@ def cluster_from_dict(data: Mapping[str, Any], name: str = "custom") -> Cluster:
         raise ValueError("gpus_per_server and nic_gbps must be positive")
     if any(not 0 <= o.reconfig_ms < math.inf for o in oxcs):
         raise ValueError("an OXC's reconfig_ms must be a finite number >= 0")
-    if any(p.electrical_gbps < 0 or p.aggregator_gbps < 0 for p in pods):
-        raise ValueError("a pod's aggregator_gbps and electrical_gbps must not be negative")
+    for p in pods:  # NaN fails these too
+        if not (0 <= p.electrical_gbps < math.inf and 0 <= p.aggregator_gbps < math.inf):
+            raise ValueError(
+                f"{p.id}: aggregator_gbps and electrical_gbps must be finite numbers >= 0"
+            )
+        if p.uplink_ports < 0:
+            raise ValueError(f"{p.id}: uplink_ports must not be negative")
+        for t in p.tors:
+            if not 0 <= t.aggregator_gbps < math.inf:
+                raise ValueError(f"{t.id}: aggregator_gbps must be a finite number >= 0")
+    for o in oxcs:
+        if o.ports < 0:
+            raise ValueError(f"{o.id}: ports must not be negative")
     gpu_model = str(data.get("gpu_model", "a100")).lower()
     if gpu_model not in ("a100", "h100", "b200"):
         raise ValueError(f"gpu_model must be a100, h100 or b200, got {gpu_model!r}")
@@ -406,6 +418,48 @@ def cluster_from_dict(data: Mapping[str, Any], name: str = "custom") -> Cluster:
     if cluster.server_count == 0:
         raise ValueError("the cluster has no servers")
     return cluster
+
+
+# the fields a cluster file may have at each level: those of `GET /v1/cluster` (its
+# live ones, free flags, use and summaries, are read back and ignored) and
+# `gpu_model`; anything else is a typo (`electrical_gbs: 800` meant no core at all)
+CLUSTER_FILE_KEYS: Mapping[str, frozenset[str]] = {
+    "cluster": frozenset(
+        {"name", "gpus_per_server", "nic_gbps", "gpu_model", "pods", "oxcs"}
+        | {"fragmentation", "summary"}
+    ),
+    "pod": frozenset({"id", "uplink_ports", "aggregator_gbps", "electrical_gbps", "tors"}),
+    "tor": frozenset({"id", "aggregator_gbps", "servers", "aggregator_used_gbps"}),
+    "server": frozenset({"id", "free", "job_id"}),
+    "oxc": frozenset({"id", "ports", "reconfig_ms", "pod_ports"}),
+}
+
+
+def _known_keys(data: Mapping[str, Any]) -> None:
+    """ValueError naming the first field of the description no level knows."""
+
+    def check(level: str, item: object, where: str) -> None:
+        if not isinstance(item, Mapping):
+            return  # the builder says what is mistyped
+        unknown = sorted(str(k) for k in item if k not in CLUSTER_FILE_KEYS[level])
+        if unknown:
+            allowed = ", ".join(sorted(CLUSTER_FILE_KEYS[level]))
+            raise ValueError(f"{where} has an unknown field {unknown[0]!r} (known: {allowed})")
+
+    def items(value: object) -> list[object]:
+        return list(value) if isinstance(value, list) else []
+
+    check("cluster", data, "the cluster")
+    for p in items(data.get("pods")):
+        pod = p.get("id", "?") if isinstance(p, Mapping) else "?"
+        check("pod", p, f"pod {pod}")
+        for t in items(p.get("tors") if isinstance(p, Mapping) else None):
+            tor = t.get("id", "?") if isinstance(t, Mapping) else "?"
+            check("tor", t, f"ToR {tor}")
+            for x in items(t.get("servers") if isinstance(t, Mapping) else None):
+                check("server", x, f"a server of {tor}")
+    for o in items(data.get("oxcs")):
+        check("oxc", o, f"OXC {o.get('id', '?') if isinstance(o, Mapping) else '?'}")
 
 
 def without_failed_ports(cluster: Cluster, failed: Mapping[str, frozenset[int]]) -> Cluster:

@@ -44,6 +44,7 @@ from .simulator import SimResult, simulate
 from .workload import (
     WorkloadError,
     WorkloadJob,
+    check_span,
     from_kalos_trace,
     read_workload,
     write_workload,
@@ -223,12 +224,13 @@ def run_from_trace(
     `load` > 1 compresses the arrivals (times / load): more jobs wait at once.
     """
     err = Console(stderr=True)
-    if not load > 0:
-        err.print("error: --load must be positive")
+    if not 0 < load < math.inf:  # inf put every arrival at 0; NaN fails too
+        err.print("error: --load must be a positive finite number")
         return EXIT_BAD_INPUT
     try:
         entries = from_kalos_trace(trace_path, jobs=jobs, seed=seed)
         entries = [WorkloadJob(e.job, round(e.arrival_s / load, 3), e.iterations) for e in entries]
+        check_span(entries, f"--load {load:g}")
         count = write_workload(out_path, entries)
     except WorkloadError as exc:
         err.print(f"error: {exc}")

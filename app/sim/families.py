@@ -49,6 +49,7 @@ from .workload import (
     ModelRow,
     WorkloadError,
     WorkloadJob,
+    check_span,
     load_model_rows,
     read_trace_rows,
 )
@@ -180,7 +181,11 @@ def generate(
     if family == "bigspan":
         pool = [(g * 2, d) for g, d in pool if g >= 512]
     gpus_per_server = cluster.gpus_per_server
-    limit = cluster.server_count
+    # a job spans pods of one joined set at most (`Cluster.joined_pod_sets`): on a file
+    # of two OXC islands of 16 servers, 39 of 40 jobs drawn for the whole cluster's 32
+    # could never run
+    pods = cluster.pods_by_id
+    limit = max(sum(len(pods[p].servers) for p in s) for s in cluster.joined_pod_sets)
     pool = [(g, d) for g, d in pool if math.ceil(g / gpus_per_server) <= limit]
     if not pool and family != "fleet-stress":
         raise WorkloadError(
@@ -214,6 +219,7 @@ def generate(
         iteration = ideal_iteration_estimate_s(job, cluster.server_gbps, gpu=gpu)
         out.append(WorkloadJob(job, round(t, 3), max(1, round(duration / iteration))))
         t += rng.expovariate(rate)
+    check_span(out, f"--load {load:g}")
     return out
 
 

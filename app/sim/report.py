@@ -487,16 +487,26 @@ NO_STEADY_WINDOW = (
     "load every policy's utilisation is the offered load: compare slowdown and JCT "
     "(or raise --load / the job count)"
 )
+ALL_REFUSED = (
+    "every job was refused: none can ever fit this cluster (jobs.json gives each one's "
+    "reason); use a larger cluster or a workload made for it"
+)
+
+
+def _caption(aggregates: Sequence[dict[str, Any]]) -> str | None:
+    done = sum(sum(a["jobs_completed"]["values"]) for a in aggregates)
+    refused = sum(sum(a["jobs_refused"]["values"]) for a in aggregates)
+    if not done and refused:
+        return ALL_REFUSED  # not a queue that never built up
+    if any(not a["steady_utilization"]["values"] for a in aggregates):
+        return NO_STEADY_WINDOW
+    return None
 
 
 def evaluation_table(aggregates: Sequence[dict[str, Any]], title: str) -> Table:
     """Mean ± 95% CI over seeds per policy; coinciding policies and refused jobs shown."""
     same = coinciding(aggregates)
-    unsaturated = any(not a["steady_utilization"]["values"] for a in aggregates)
-    table = Table(
-        title=title,
-        caption=NO_STEADY_WINDOW if unsaturated else None,
-    )
+    table = Table(title=title, caption=_caption(aggregates))
     for name in (
         "policy",
         "steady util %",

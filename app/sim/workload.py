@@ -54,6 +54,20 @@ class WorkloadError(ValueError):
 # a century of seconds: later arrivals lose the iteration times added to them in
 # float arithmetic (an arrival at 1e300 s ran in no time, slowdown 0)
 MAX_ARRIVAL_S = 3.2e9
+# a billion iterations: a run of 10**18 gave a makespan of 9.3e18 s, and 10**400 a
+# traceback (an integer too large for a float); real runs are 10**3-10**6
+MAX_ITERATIONS = 10**9
+
+
+def check_span(entries: Sequence[WorkloadJob], cause: str) -> None:
+    """WorkloadError when an arrival is past `MAX_ARRIVAL_S`, which `simulate` refuses
+    (a generator writing it would hand over a file nothing reads)."""
+    last = max((e.arrival_s for e in entries), default=0.0)
+    if not last <= MAX_ARRIVAL_S:
+        raise WorkloadError(
+            f"{cause} spreads the arrivals over {last:.3g} s, past the {MAX_ARRIVAL_S:g} s "
+            "a workload may span: raise --load"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,8 +125,11 @@ def parse_workload_job(data: object, where: str = "job", order: int = 0) -> Work
         raise WorkloadError(
             f"{where}: arrival_s must be a number from 0 to {MAX_ARRIVAL_S:g}, got {arrival!r}"
         )
-    if not _is_int(iterations) or iterations < 1:
-        raise WorkloadError(f"{where}: iterations must be an integer >= 1, got {iterations!r}")
+    if not _is_int(iterations) or not 1 <= iterations <= MAX_ITERATIONS:
+        shown = iterations if not _is_int(iterations) or iterations < 10**20 else "a larger one"
+        raise WorkloadError(
+            f"{where}: iterations must be an integer from 1 to {MAX_ITERATIONS:,}, got {shown!r}"
+        )
     job = job_from_body(valid.job_id, valid.stored_body(), order)
     return WorkloadJob(job, float(arrival), int(iterations))
 

@@ -305,6 +305,28 @@ def test_from_trace_load_factor_compresses_arrivals(tmp_path: Path) -> None:
     for x, y in zip(a, b, strict=True):
         assert y.arrival_s == pytest.approx(x.arrival_s / 2, abs=1e-3)
     assert run_from_trace(str(trace), str(two), 30, 0, load=0.0) == 2
+    # files `simulate` would refuse are not written: every arrival at 0 (inf), or past
+    # the 3.2e9 s a workload may span (a sweep's --load 1e-300 wrote 9.6e305 s)
+    for load in (math.inf, math.nan, 1e-300):
+        three = tmp_path / f"three-{load}.jsonl"
+        assert run_from_trace(str(trace), str(three), 30, 0, load=load) == 2
+        assert not three.exists()
+    far = tmp_path / "far.jsonl"
+    assert run_generate("dense", "seed-15k", 1e-12, 10, 1, str(far)) == 2
+    assert not far.exists()
+
+
+def test_generated_jobs_fit_one_set_of_joined_pods() -> None:
+    """On two OXC islands of 16 servers each, 39 of 40 generated dense jobs wanted 32
+    servers (the whole cluster's) and every policy refused them."""
+    from app.engine.placement import never_fits
+    from tests.engine.test_placement import _split_fabric
+
+    islands = _split_fabric()
+    workload = generate("dense", islands, load=1.0, jobs=40, seed=11)
+    assert len(workload) == 40
+    assert max(w.job.parallelism.servers for w in workload) <= 16
+    assert not [w.job.job_id for w in workload if never_fits(islands, w.job)]
 
 
 def test_policies_compared_are_measured_over_one_steady_window() -> None:
@@ -466,3 +488,16 @@ def test_jobs_left_queued_at_the_end_are_counted() -> None:
     s = summarize(SimResult("static", 16, jobs, [], 0.0))
     counts = [s[k] for k in ("jobs_completed", "jobs_refused", "jobs_stalled")]
     assert counts == [1, 1, 1] and s["jobs_never_started"] == 1
+
+
+def test_a_comparison_where_every_job_was_refused_says_so() -> None:
+    """A sweep's cluster refused every job under every policy; the table's caption said
+    the queue never built up (true, but not why the figures were empty)."""
+    from app.sim.report import ALL_REFUSED, NO_STEADY_WINDOW, _caption, aggregate
+
+    refused = [JobResult("big", 64, 0.0, 10, refused="needs more servers than the cluster has")]
+    nothing = [aggregate([summarize(SimResult(p, 16, refused, [], 0.0))]) for p in ("a", "b")]
+    assert _caption(nothing) == ALL_REFUSED
+    done = [JobResult("small", 1, 0.0, 10, start_s=0.0, end_s=5.0, ideal_iteration_s=0.5)]
+    idle = [aggregate([summarize(SimResult("a", 16, done, [(0.0, 5.0, 8.0)], 40.0))])]
+    assert _caption(idle) == NO_STEADY_WINDOW

@@ -78,8 +78,11 @@ def test_every_field_of_the_api_body_is_a_workload_field(tmp_path: Path) -> None
         ("{not json", ":1: not valid JSON"),
         ({**GOOD, "paralellism": {}}, "paralellism: Extra inputs are not permitted"),
         ({k: v for k, v in GOOD.items() if k != "iterations"}, "missing required field iterations"),
-        ({**GOOD, "iterations": 0}, "iterations must be an integer >= 1"),
-        ({**GOOD, "iterations": 2.5}, "iterations must be an integer >= 1"),
+        ({**GOOD, "iterations": 0}, "iterations must be an integer from 1 to 1,000,000,000"),
+        ({**GOOD, "iterations": 2.5}, "iterations must be an integer from 1"),
+        # 10**18 ran (a makespan of 9.3e18 s); 10**400 was a traceback in the scheduler
+        ({**GOOD, "iterations": 10**18}, "iterations must be an integer from 1"),
+        ({**GOOD, "iterations": 10**400}, "got 'a larger one'"),
         ({**GOOD, "arrival_s": -1}, "arrival_s must be a number from 0 to 3.2e+09"),
         # an arrival at 1e300 s ran in no time (iteration times vanish beside it):
         # slowdown 0, below the ideal fabric's 1
