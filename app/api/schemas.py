@@ -291,7 +291,11 @@ class AdviceModelIn(StrictModel):
     )
     optimizer: Literal["adam", "sgd"] = "adam"
     activation_checkpointing: StrictBool = False
-    zero_stage: Annotated[StrictInt, Field(ge=0, le=3)] = 0
+    zero_stage: Annotated[StrictInt, Field(ge=0, le=3)] | None = Field(
+        None,
+        description="ZeRO stage; default the one admission assumes for a job that states "
+        "none (LIGHTPATH_DEFAULT_ZERO_STAGE, 1)",
+    )
 
 
 class AdviceParallelismIn(StrictModel):

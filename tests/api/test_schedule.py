@@ -72,6 +72,40 @@ def test_batch_size_advice_follows_the_schedule(server: LiveServer) -> None:
         assert gpipe["max_microbatch"] < ofob["max_microbatch"]
 
 
+def test_batch_size_advice_and_admission_draw_the_same_line(server: LiveServer) -> None:
+    """Advice assumed ZeRO stage 0 where admission assumes LIGHTPATH_DEFAULT_ZERO_STAGE
+    (1): a sweep had advice answer 12 samples per micro-batch where admission held 13. With
+    no stage stated both assume the same one: the advised size is admitted, one more is
+    refused."""
+    from app.engine.gpu_profiles import gpu_profile
+
+    memory = gpu_profile(preset("small").gpu_model).memory_bytes
+    # at 1K tokens a sample's activations are small beside the optimizer's halving:
+    # stage 0 advises 37, stage 1 40
+    model = {k: v for k, v in MODEL.items() if k != "microbatch_size"} | {"seq_len": 1024}
+    with server.client() as c:
+        advice = c.post(
+            "/v1/advice/batch-size",
+            json={
+                "model": model,
+                "parallelism": {"tp": 8, "pp": 2, "dp": 2},
+                "schedule": "1f1b",
+                "gpu_memory_bytes": memory,
+            },
+        ).json()
+        b = advice["max_microbatch"]
+        assert advice["fits"] and 1 <= b < 65_536, advice
+        for k, size, admitted in ((0, b, True), (1, b + 1, False)):
+            body = {
+                "job_id": f"line-{k}",
+                "parallelism": {"dp": 2, "pp": 2},
+                "model": {**model, "microbatch_size": size},
+                "schedule": "1f1b",
+            }
+            answer = c.post("/v1/jobs", json=body)
+            assert (answer.status_code in (201, 202)) == admitted, (size, answer.text)
+
+
 MIXTRAL = {
     "parameters": 141e9,
     "bytes_per_parameter": 2,

@@ -50,7 +50,7 @@ def numbers_in_range() -> Iterator[None]:
     operation_id="adviseBatchSize",
 )
 async def advise_batch_size(
-    body: AdviceIn, _services: ServicesDep, _scope: Annotated[Any, require("launcher")]
+    body: AdviceIn, services: ServicesDep, _scope: Annotated[Any, require("launcher")]
 ) -> JSONResponse:
     """M(b) = M_fixed + M_activation(b) + M_gradient(b) per GPU; the largest b that fits.
 
@@ -75,7 +75,10 @@ async def advise_batch_size(
         pp=par.pp,
         dp=par.dp,
         ep=par.ep,
-        zero_stage=m.zero_stage,
+        # as admission assumes it (it answered 12 where admission held 13 at stage 1)
+        zero_stage=m.zero_stage
+        if m.zero_stage is not None
+        else services.settings.default_zero_stage,
         microbatches_in_flight=in_flight(PipelineSchedule(body.schedule), par.pp, m.microbatches),
     )
     with numbers_in_range():
