@@ -12,7 +12,8 @@ the product's `OPTICAL_EXTRA_PODS` is one of them; `none` places a job wherever
 servers are free, as every other policy does).
 
 Printed and written (bench/out/scale/: results.json, table.md, scale.png): steady
-utilisation (mean ± 95% CI over the seeds), jobs running at once in the steady
+utilisation (mean ± 95% CI over the seeds; every run of a seed over the steady
+window they all share, `report.common_window`), jobs running at once in that
 window, mean iteration slowdown, network share of an iteration, mean queueing
 delay, and the wall time of each run. Runs go to a pool of `--procs` processes
 (default: the machine's cores); a line per finished run shows progress.
@@ -53,8 +54,8 @@ from app.engine.cluster import preset  # noqa: E402
 from app.engine.placement import OPTICAL_EXTRA_PODS  # noqa: E402
 from app.sim.families import FAMILY_GPU, generate, jitter  # noqa: E402
 from app.sim.policies import ELECTRICAL  # noqa: E402
-from app.sim.report import aggregate, summarize  # noqa: E402
-from app.sim.simulator import simulate  # noqa: E402
+from app.sim.report import aggregate, summarize, summarize_compared  # noqa: E402
+from app.sim.simulator import SimResult, simulate  # noqa: E402
 from app.sim.workload import read_workload  # noqa: E402
 
 LOAD = 1.2
@@ -84,8 +85,9 @@ def run_one(
     jobs: int,
     latency: float,
     uplinks: int | None,
-) -> tuple[str, int, dict[str, Any]]:
-    """One policy on one jittered copy; the summary (with wall time)."""
+) -> tuple[str, int, SimResult, float]:
+    """One policy on one jittered copy: the run (without its controller timings) and
+    its wall time; summarised in `main`, over the window all runs of the seed share."""
     workload = (
         read_workload(workload_path)
         if workload_path
@@ -104,10 +106,8 @@ def run_one(
         gpu=FAMILY_GPU[family],
         max_extra_pods=extra,
     )
-    summary = summarize(result)
-    summary["wall_s"] = time.perf_counter() - t0
-    summary["policy"] = _label(policy, extra)
-    return summary["policy"], seed, summary
+    result.controller_steps = []  # not needed here: keep what crosses processes small
+    return _label(policy, extra), seed, result, time.perf_counter() - t0
 
 
 def _cell(agg: dict[str, Any], key: str, scale: float, digits: int) -> str:
@@ -212,26 +212,34 @@ def main() -> int:
     # the slowest first, so the pool's last runs are short ones
     order = {"lightpath": 0, "reactive": 1, "static": 2, "ecmp": 3}
     tasks.sort(key=lambda t: order.get(t[3], 9))
-    results: dict[str, dict[int, dict[str, Any]]] = {}
+    runs: dict[str, dict[int, SimResult]] = {}
+    walls: dict[str, dict[int, float]] = {}
     t0 = time.perf_counter()
     with ProcessPoolExecutor(max_workers=max(1, args.procs)) as pool:
         futures = [pool.submit(run_one, *t) for t in tasks]
         for n, fut in enumerate(as_completed(futures), 1):
-            label, seed, summary = fut.result()
-            results.setdefault(label, {})[seed] = summary
-            steady, running = summary["steady_utilization"], summary["steady_running_jobs"]
+            label, seed, result, wall = fut.result()
+            runs.setdefault(label, {})[seed] = result
+            walls.setdefault(label, {})[seed] = wall
+            own = summarize(result)  # its own window: the shared one needs every run
+            steady = own["steady_utilization"]
             print(
-                f"[{n}/{len(tasks)}] {label}, seed {seed}: steady "
-                f"{'-' if steady is None else f'{steady * 100:.2f}%'}, "
-                f"{'-' if running is None else f'{running:.0f}'} running, "
-                f"{summary['wall_s']:.0f} s "
+                f"[{n}/{len(tasks)}] {label}, seed {seed}: steady over its own window "
+                f"{'-' if steady is None else f'{steady * 100:.2f}%'}, {wall:.0f} s "
                 f"({time.perf_counter() - t0:.0f} s elapsed)",
                 file=sys.stderr,
                 flush=True,
             )
     labels = [_label(p, e) for p in policies for e in variants[p]]
-    labels = [lab for lab in dict.fromkeys(labels) if lab in results]
-    rows = [aggregate([results[lab][k] for k in sorted(results[lab])]) for lab in labels]
+    labels = [lab for lab in dict.fromkeys(labels) if lab in runs]
+    # every run of a seed over the steady window they share (`report.common_window`)
+    seeds = sorted(set.intersection(*(set(runs[lab]) for lab in labels)))
+    per_label = summarize_compared({lab: [runs[lab][k] for k in seeds] for lab in labels})
+    for lab in labels:
+        for k, summary in zip(seeds, per_label[lab], strict=True):
+            summary["wall_s"] = walls[lab][k]
+            summary["policy"] = lab
+    rows = [aggregate(per_label[lab]) for lab in labels]
     shape = f" with {args.uplinks} uplinks/pod" if args.uplinks else ""
     what = (
         f"{Path(args.workload).name} (b200)"
