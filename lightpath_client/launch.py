@@ -320,10 +320,10 @@ def launch(
             client.complete_job(job_id)
             progress.done(f"{job_id} completed")
             return 0
-        reason = f"rank {failed} exited {status}" if failed is not None else "exited"
-        client.fail_job(job_id, exit_code=max(-255, min(255, status)), reason=reason)
+        code, reason = _failure(status, failed)
+        client.fail_job(job_id, exit_code=code, reason=reason)
         progress.done(f"{job_id} failed: {reason}")
-        return status if 0 < status < 256 else 128 + abs(status)
+        return code
     except Stop as stop:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -336,6 +336,24 @@ def launch(
             heartbeat.stop.set()
         for s, handler in previous.items():
             signal.signal(s, handler)
+
+
+def _failure(status: int, failed: int | None) -> tuple[int, str]:
+    """The exit code (the launcher's and the job's) and the reason for a rank's status.
+
+    A rank killed by a signal (Popen's -N) is 128 + N, as a shell, Slurm and
+    Kubernetes report it: a SIGKILLed (OOM-killed) rank is 137, not -9.
+    """
+    who = f"rank {failed}" if failed is not None else "the job"
+    if status < 0:
+        try:
+            name = signal.Signals(-status).name
+        except ValueError:
+            name = f"signal {-status}"
+        return min(255, 128 - status), f"{who} killed by {name}"
+    if failed is None:
+        return min(255, status), "exited"
+    return min(255, status), f"{who} exited {status}"
 
 
 def _cancel(client: Client, job_id: str) -> None:

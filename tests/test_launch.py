@@ -109,6 +109,22 @@ def test_a_failing_rank_fails_the_job_with_its_exit_code(live: LiveServer, tmp_p
     assert {p.name for p in tmp_path.glob("term-*")} == {"term-0", "term-2", "term-3"}
 
 
+def test_a_rank_killed_by_a_signal_fails_the_job_with_128_plus_it(
+    live: LiveServer, tmp_path: Path
+) -> None:
+    """A SIGKILLed (OOM-killed) rank: the job recorded exit_code -9 while the launcher
+    exited 137; both now say 137, as a shell, Slurm and Kubernetes do."""
+    done = run(launch_argv(live, "k9-1", tmp_path, "kill"), tmp_path)
+    assert done.returncode == 137, done.stderr
+    assert "k9-1 failed: rank 1 killed by SIGKILL" in done.stderr
+    with Client(live.url) as c:
+        job = c.get_job("k9-1")
+        assert (job.state, job.exit_code) == ("failed", 137)
+        assert job.end_reason == "rank 1 killed by SIGKILL"
+        assert c.cluster().free_servers == SMALL_SERVERS
+    assert {p.name for p in tmp_path.glob("term-*")} == {"term-0", "term-2", "term-3"}
+
+
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_cancels_the_job_and_stops_the_ranks(
     live: LiveServer, tmp_path: Path, signum: signal.Signals
