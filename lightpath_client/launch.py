@@ -184,7 +184,11 @@ class Progress:
             self.stream.flush()
 
     def done(self, message: str) -> None:
-        self.stream.write(("\r\033[K" if self.tty else "") + f"[lightpath] {message}\n")
+        self.write(f"[lightpath] {message}")
+
+    def write(self, line: str) -> None:
+        """One whole line, replacing the waiting line on a terminal."""
+        self.stream.write(("\r\033[K" if self.tty else "") + line + "\n")
         self.stream.flush()
 
 
@@ -309,7 +313,16 @@ def launch(
         every = heartbeat_s or (max(0.5, lease / 3) if lease else 30.0)
         heartbeat = Heartbeat(client, job_id, every)
         heartbeat.start()
-        procs.extend(STARTERS[runner](rank, command, cwd) for rank in ranks)
+        try:
+            procs.extend(STARTERS[runner](rank, command, cwd) for rank in ranks)
+        except OSError as exc:
+            # not found or not executable: the ranks started so far stop, the job fails
+            _terminate(procs, grace_s)
+            heartbeat.stop.set()
+            code, reason = _cannot_start(runner, command, exc)
+            client.fail_job(job_id, exit_code=code, reason=reason)
+            progress.write(f"error: {reason} (job {job_id} failed, exit {code})")
+            return code
         status, failed = supervise(procs, heartbeat, grace_s)
         heartbeat.stop.set()
         if heartbeat.ended is not None:
@@ -336,6 +349,13 @@ def launch(
             heartbeat.stop.set()
         for s, handler in previous.items():
             signal.signal(s, handler)
+
+
+def _cannot_start(runner: str, command: Sequence[str], exc: OSError) -> tuple[int, str]:
+    """A shell's status for a command it cannot start: 127 not found, 126 not executable."""
+    program = "ssh" if runner == "ssh" else command[0]
+    code = 127 if isinstance(exc, FileNotFoundError) else 126
+    return code, f"cannot run {program}: {exc.strerror or exc}"
 
 
 def _failure(status: int, failed: int | None) -> tuple[int, str]:

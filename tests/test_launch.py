@@ -125,6 +125,31 @@ def test_a_rank_killed_by_a_signal_fails_the_job_with_128_plus_it(
     assert {p.name for p in tmp_path.glob("term-*")} == {"term-0", "term-2", "term-3"}
 
 
+@pytest.mark.parametrize(
+    ("program", "code", "why"),
+    [("missing", 127, "No such file or directory"), ("not-executable", 126, "Permission denied")],
+)
+def test_a_command_that_cannot_start_fails_the_job(
+    live: LiveServer, tmp_path: Path, program: str, code: int, why: str
+) -> None:
+    """It was a FileNotFoundError traceback, and the job kept its servers until its
+    lease ran out; now the shell's 127 (not found) or 126 (not executable)."""
+    script = tmp_path / "not-executable"
+    script.write_text("#!/bin/sh\n")
+    argv = launch_argv(live, "nocmd-1", tmp_path, "ok")
+    argv[argv.index("--") + 1 :] = [str(tmp_path / program), "--lr", "1e-4"]
+    done = run(argv, tmp_path)
+    assert done.returncode == code, done.stderr
+    assert "Traceback" not in done.stderr
+    error = f"error: cannot run {tmp_path / program}: {why} (job nocmd-1 failed, exit {code})"
+    assert done.stderr.splitlines()[-1] == error
+    with Client(live.url) as c:
+        job = c.get_job("nocmd-1")
+        assert (job.state, job.exit_code) == ("failed", code)
+        assert job.end_reason == f"cannot run {tmp_path / program}: {why}"
+        assert c.cluster().free_servers == SMALL_SERVERS
+
+
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_cancels_the_job_and_stops_the_ranks(
     live: LiveServer, tmp_path: Path, signum: signal.Signals
