@@ -145,8 +145,13 @@ STARTERS: dict[str, Callable[[Rank, Sequence[str], str], subprocess.Popen[bytes]
 }
 
 
+# what stops the launcher: Ctrl-C, kill, and a closed terminal or dropped ssh session
+# (SIGHUP: the ranks run in sessions of their own, so nothing else would stop them)
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
 class Stop(Exception):
-    """SIGINT or SIGTERM reached the launcher."""
+    """SIGINT, SIGTERM or SIGHUP reached the launcher."""
 
     def __init__(self, signum: int) -> None:
         super().__init__(signal.Signals(signum).name)
@@ -188,8 +193,11 @@ class Progress:
 
     def write(self, line: str) -> None:
         """One whole line, replacing the waiting line on a terminal."""
-        self.stream.write(("\r\033[K" if self.tty else "") + line + "\n")
-        self.stream.flush()
+        try:
+            self.stream.write(("\r\033[K" if self.tty else "") + line + "\n")
+            self.stream.flush()
+        except (OSError, ValueError):
+            pass  # the terminal is gone (SIGHUP): stopping the ranks matters more
 
 
 class Heartbeat(threading.Thread):
@@ -270,7 +278,7 @@ def launch(
     """The whole `lightpath launch`; returns the launcher's exit status."""
     job_id = str(body["job_id"])
     progress = Progress()
-    previous = {s: signal.signal(s, _raise_stop) for s in (signal.SIGINT, signal.SIGTERM)}
+    previous = {s: signal.signal(s, _raise_stop) for s in STOP_SIGNALS}
     procs: list[subprocess.Popen[bytes]] = []
     heartbeat: Heartbeat | None = None
     try:
@@ -338,8 +346,8 @@ def launch(
         progress.done(f"{job_id} failed: {reason}")
         return code
     except Stop as stop:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        for s in STOP_SIGNALS:
+            signal.signal(s, signal.SIG_IGN)
         _terminate(procs, grace_s)
         _cancel(client, job_id)
         progress.done(f"{job_id} cancelled ({stop})")

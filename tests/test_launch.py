@@ -150,7 +150,7 @@ def test_a_command_that_cannot_start_fails_the_job(
         assert c.cluster().free_servers == SMALL_SERVERS
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
 def test_a_signal_cancels_the_job_and_stops_the_ranks(
     live: LiveServer, tmp_path: Path, signum: signal.Signals
 ) -> None:
@@ -172,6 +172,32 @@ def test_a_signal_cancels_the_job_and_stops_the_ranks(
         assert c.get_job("sig-1").state == "cancelled"
         assert c.cluster().free_servers == SMALL_SERVERS
     assert len(list(tmp_path.glob("term-*"))) == 4
+
+
+def test_a_hangup_with_the_terminal_gone_still_stops_the_ranks(
+    live: LiveServer, tmp_path: Path
+) -> None:
+    """A closed terminal or dropped ssh session: SIGHUP, and stderr leads nowhere. The
+    launcher died of the SIGHUP, leaving its ranks (in sessions of their own) running
+    and the job placed until its lease ran out."""
+    proc = subprocess.Popen(
+        launch_argv(live, "hup-1", tmp_path, "wait"),
+        cwd=tmp_path,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 60
+    while len(list(tmp_path.glob("rank-*.json"))) < 4:
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
+    assert proc.stderr is not None
+    proc.stderr.close()
+    proc.send_signal(signal.SIGHUP)
+    assert proc.wait(timeout=60) == 128 + signal.SIGHUP
+    assert len(list(tmp_path.glob("term-*"))) == 4
+    with Client(live.url) as c:
+        assert c.get_job("hup-1").state == "cancelled"
+        assert c.cluster().free_servers == SMALL_SERVERS
 
 
 def test_waits_in_the_queue_with_a_progress_line(live: LiveServer, tmp_path: Path) -> None:
