@@ -2,12 +2,13 @@
 
 Node ranks follow Megatron-LM's default rank order (`tp-cp-ep-dp-pp`: tensor
 parallelism fastest, pipeline stage slowest). Lightpath keeps TP (and CP)
-inside one server of 8 GPUs, so the unit (stage, dp_rank, ep_rank) runs as
+inside one server of G GPUs (the cluster's `gpus_per_server`, 8 on the presets), so
+the unit (stage, dp_rank, ep_rank) runs as
 
     NODE_RANK = ep_rank + ep * (dp_rank + dp * stage)
 
-and global rank = NODE_RANK * GPUs per server + local rank, which is where
-Megatron-LM (`--tensor-model-parallel-size 8 --expert-model-parallel-size E
+and global rank = NODE_RANK * G + local rank, which is where Megatron-LM
+(`--tensor-model-parallel-size G --expert-model-parallel-size E
 --pipeline-model-parallel-size P`) puts that unit's ranks.
 """
 
@@ -278,6 +279,9 @@ def launch(
     """The whole `lightpath launch`; returns the launcher's exit status."""
     job_id = str(body["job_id"])
     progress = Progress()
+    # asked once, before there is a job to leave behind: the hostfile's slots and
+    # LIGHTPATH_GPUS_PER_SERVER are the cluster's, not an assumed 8
+    gpus_per_server = client.cluster().gpus_per_server
     previous = {s: signal.signal(s, _raise_stop) for s in STOP_SIGNALS}
     procs: list[subprocess.Popen[bytes]] = []
     heartbeat: Heartbeat | None = None
@@ -306,6 +310,7 @@ def launch(
             master_addr="127.0.0.1" if local else None,
             master_port=master_port or (free_port() if local else 29500),
             workdir=workdir or Path(cwd) / ".lightpath" / "launch" / _safe(job_id),
+            gpus_per_server=gpus_per_server,
             server_url=client.url,
         )
         if runner == "print":

@@ -323,6 +323,35 @@ def test_print_runner_writes_the_hostfile_and_placement(live: LiveServer, tmp_pa
     ]
 
 
+def test_the_hostfile_has_the_clusters_gpus_per_server(tmp_path: Path) -> None:
+    """The launcher wrote `slots=8` and LIGHTPATH_GPUS_PER_SERVER=8 whatever the cluster
+    said; it now asks `GET /v1/cluster` (once) for `gpus_per_server`."""
+    from app.engine.cluster import cluster_to_dict, preset
+    from app.store.migrate import upgrade_to_head
+
+    cluster_file = tmp_path / "four-gpus.json"
+    cluster_file.write_text(json.dumps({**cluster_to_dict(preset("small")), "gpus_per_server": 4}))
+    settings = Settings(
+        database_url=f"sqlite:///{tmp_path / 'lp.db'}",
+        cluster=str(cluster_file),
+        admit_wait_s=2.0,
+        worker_tick_s=0.2,
+    )
+    upgrade_to_head(settings)
+    server = LiveServer(settings)
+    server.start()
+    try:
+        argv = launch_argv(server, "g4-1", tmp_path, "ok", "--runner", "print")
+        done = run(argv, tmp_path)
+        assert done.returncode == 0, done.stderr
+        hosts = (tmp_path / "launch" / "hostfile").read_text().splitlines()
+        assert len(hosts) == 4 and all(h.endswith(" slots=4") for h in hosts), hosts
+        for line in done.stdout.splitlines():
+            assert " LIGHTPATH_GPUS_PER_SERVER=4 " in line
+    finally:
+        server.stop()
+
+
 def test_heartbeats_keep_a_job_longer_than_its_lease(live: LiveServer, tmp_path: Path) -> None:
     argv = launch_argv(live, "hb-1", tmp_path, "slow")
     argv[argv.index("--lease-s") + 1] = "1"
