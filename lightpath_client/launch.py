@@ -28,11 +28,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ._client import Client, _Calls
+from ._client import Call, Client, _Calls
 from ._exceptions import Conflict, LightpathError, WaitTimeout
 from ._models import Job, Unit
 
 RUNNERS = ("local", "ssh", "print")
+# the job's ending (complete, fail, cancel) is retried through a server restart this
+# long, or the job's lease when longer: given up sooner, the launcher would exit 1 and
+# a job whose ranks succeeded would end `lease_expired`
+FINAL_RETRY_S = 120.0
 
 
 def node_rank(unit: Unit, dp: int, ep: int) -> int:
@@ -192,6 +196,11 @@ class Progress:
     def done(self, message: str) -> None:
         self.write(f"[lightpath] {message}")
 
+    def retrying(self, what: str, pause_s: float, left_s: float | None = None) -> None:
+        """One line per retry of a call the server did not answer."""
+        line = f"[lightpath] {what}; retrying in {pause_s:.1f}s"
+        self.write(line + (f" ({max(0.0, left_s):.0f}s left)" if left_s is not None else ""))
+
     def write(self, line: str) -> None:
         """One whole line, replacing the waiting line on a terminal."""
         try:
@@ -279,6 +288,17 @@ def launch(
     """The whole `lightpath launch`; returns the launcher's exit status."""
     job_id = str(body["job_id"])
     progress = Progress()
+    final_s = max(float(body.get("lease_s") or 0.0), FINAL_RETRY_S)
+
+    def final(call: Call[Job]) -> Job:
+        """The job's ending, retried through a server restart for `final_s`."""
+        until = time.monotonic() + final_s
+        return client.request(
+            call,
+            retry_for_s=final_s,
+            on_retry=lambda what, pause: progress.retrying(what, pause, until - time.monotonic()),
+        )
+
     # asked once, before there is a job to leave behind: the hostfile's slots and
     # LIGHTPATH_GPUS_PER_SERVER are the cluster's, not an assumed 8
     gpus_per_server = client.cluster().gpus_per_server
@@ -290,12 +310,19 @@ def launch(
         if not job.ended and job.state != "placed":
             progress(job, 0.0)  # at once: the first long-poll may hold for poll_s
             try:
+                # through a server restart too, until --wait-timeout-s (if any)
                 job = client.wait_for(
-                    job_id, "placed", timeout_s=wait_timeout_s, on_progress=progress, poll_s=10.0
+                    job_id,
+                    "placed",
+                    timeout_s=wait_timeout_s,
+                    on_progress=progress,
+                    poll_s=10.0,
+                    ride_out=True,
+                    on_retry=progress.retrying,
                 )
             except WaitTimeout as exc:
                 # nothing will run it: left queued it would hold servers once placed
-                _cancel(client, job_id)
+                _cancel(final, job_id)
                 progress.done(f"{job_id} cancelled: {exc}")
                 return 1
         if job.state != "placed":
@@ -333,7 +360,7 @@ def launch(
             _terminate(procs, grace_s)
             heartbeat.stop.set()
             code, reason = _cannot_start(runner, command, exc)
-            client.fail_job(job_id, exit_code=code, reason=reason)
+            final(_Calls.fail_job(job_id, code, reason))
             progress.write(f"error: {reason} (job {job_id} failed, exit {code})")
             return code
         status, failed = supervise(procs, heartbeat, grace_s)
@@ -343,18 +370,18 @@ def launch(
             progress.done(f"{job_id} was ended by the server: {ended.state} ({ended.end_reason})")
             return 1
         if status == 0:
-            client.complete_job(job_id)
+            final(_Calls.complete_job(job_id))
             progress.done(f"{job_id} completed")
             return 0
         code, reason = _failure(status, failed)
-        client.fail_job(job_id, exit_code=code, reason=reason)
+        final(_Calls.fail_job(job_id, code, reason))
         progress.done(f"{job_id} failed: {reason}")
         return code
     except Stop as stop:
         for s in STOP_SIGNALS:
             signal.signal(s, signal.SIG_IGN)
         _terminate(procs, grace_s)
-        _cancel(client, job_id)
+        _cancel(final, job_id)
         progress.done(f"{job_id} cancelled ({stop})")
         return 128 + stop.signum
     finally:
@@ -389,9 +416,9 @@ def _failure(status: int, failed: int | None) -> tuple[int, str]:
     return min(255, status), f"{who} exited {status}"
 
 
-def _cancel(client: Client, job_id: str) -> None:
+def _cancel(final: Callable[[Call[Job]], Job], job_id: str) -> None:
     try:
-        client.cancel_job(job_id)
+        final(_Calls.cancel_job(job_id))
     except Conflict:
         pass  # it had already ended
 

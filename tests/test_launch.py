@@ -22,8 +22,7 @@ LIGHTPATH = Path(sys.executable).with_name("lightpath")
 SMALL_SERVERS = 32
 
 
-@pytest.fixture
-def live(tmp_path: Path) -> Iterator[LiveServer]:
+def small_settings(tmp_path: Path) -> Settings:
     settings = Settings(
         database_url=f"sqlite:///{tmp_path / 'lp.db'}",
         cluster="small",
@@ -33,10 +32,27 @@ def live(tmp_path: Path) -> Iterator[LiveServer]:
     from app.store.migrate import upgrade_to_head
 
     upgrade_to_head(settings)
-    server = LiveServer(settings)
+    return settings
+
+
+@pytest.fixture
+def live(tmp_path: Path) -> Iterator[LiveServer]:
+    server = LiveServer(small_settings(tmp_path))
     server.start()
     yield server
     server.stop()
+
+
+def restart(server: LiveServer, down_s: float) -> LiveServer:
+    """The service down for `down_s` (a restart, a redeploy), then back on the same port.
+
+    Longer than the client's ~3-6 s of counted retries, shorter than the launcher's
+    budget for its final calls."""
+    server.stop()
+    time.sleep(down_s)
+    again = LiveServer(server.settings, port=server.port)
+    again.start()
+    return again
 
 
 def launch_argv(server: LiveServer, job_id: str, out: Path, mode: str, *extra: str) -> list[str]:
@@ -436,3 +452,68 @@ def test_print_runner_asks_no_lease_and_passes_the_schedule(
     assert run(stated, tmp_path).returncode == 0
     with Client(live.url) as c:
         assert c.get_job("pr-4").lease_s == 2
+
+
+def test_the_outcome_is_reported_through_a_server_restart(tmp_path: Path) -> None:
+    """The ranks exit 0 while the API is down for 8 s: the completion was given up
+    after ~3-6 s, the launcher exited 1 and the job later ended `lease_expired`."""
+    server = LiveServer(small_settings(tmp_path))
+    server.start()
+    go = tmp_path / "go"
+    argv = launch_argv(server, "out-1", tmp_path, "ok")
+    argv[argv.index("--lease-s") + 1] = "30"
+    argv[argv.index("--") + 1 :] = ["sh", "-c", f"while [ ! -e {go} ]; do sleep 0.05; done"]
+    proc = subprocess.Popen(argv, cwd=tmp_path, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stderr is not None
+        assert "out-1 placed on 4 servers" in proc.stderr.readline()
+        server.stop()
+        go.touch()  # every rank exits 0 while the server is down
+        server = restart(server, 8.0)
+        _, stderr = proc.communicate(timeout=120)
+        assert proc.returncode == 0, stderr
+        assert "POST /v1/jobs/out-1/complete: ConnectError" in stderr and "left)" in stderr
+        assert stderr.splitlines()[-1] == "[lightpath] out-1 completed"
+        with Client(server.url) as c:
+            assert c.get_job("out-1").state == "completed"
+            assert c.cluster().free_servers == SMALL_SERVERS
+    finally:
+        proc.kill()
+        server.stop()
+
+
+def test_waiting_for_placement_rides_out_a_server_restart(tmp_path: Path) -> None:
+    """A transport error while waiting in the queue made the launcher exit 1 and left
+    its job queued. Now the wait retries until --wait-timeout-s: a launcher with time
+    left is placed once the server is back, one whose wait ran out cancels its job."""
+    server = LiveServer(small_settings(tmp_path))
+    server.start()
+    procs: dict[str, subprocess.Popen[str]] = {}
+    try:
+        with Client(server.url) as c:
+            assert c.submit_job("blocker", dp=16, pp=2).state == "placed"
+        for job_id, extra in (("q-3", ()), ("q-4", ("--wait-timeout-s", "3"))):
+            out = tmp_path / job_id
+            out.mkdir()
+            argv = launch_argv(server, job_id, out, "ok", *extra)
+            procs[job_id] = subprocess.Popen(argv, cwd=out, stderr=subprocess.PIPE, text=True)
+            stderr = procs[job_id].stderr
+            assert stderr is not None
+            assert stderr.readline().startswith(f"[lightpath] {job_id}: queued")
+        server = restart(server, 8.0)
+        _, gave_up = procs["q-4"].communicate(timeout=120)
+        assert procs["q-4"].returncode == 1, gave_up
+        assert "q-4 cancelled: job q-4 did not reach placed in time" in gave_up
+        with Client(server.url) as c:
+            assert c.get_job("q-4").state == "cancelled"
+            assert c.get_job("q-3").state == "queued"
+            c.complete_job("blocker")
+            _, placed = procs["q-3"].communicate(timeout=120)
+            assert procs["q-3"].returncode == 0, placed
+            assert "[lightpath] GET /v1/jobs/q-3: " in placed and "retrying in" in placed
+            assert c.get_job("q-3").state == "completed"
+            assert c.cluster().free_servers == SMALL_SERVERS
+    finally:
+        for proc in procs.values():
+            proc.kill()
+        server.stop()
