@@ -3,14 +3,16 @@
 Both clients share one description of every call (`_Calls`), so they differ only
 in how they wait: retries with exponential backoff and jitter on connection
 errors and 502/503/504 (every Lightpath call is idempotent: jobs by `job_id`,
-traffic batches by an `Idempotency-Key` the client sets), and long-poll loops
-that re-ask until the state or the caller's deadline, since a server-side
-long-poll may answer early.
+traffic batches by an `Idempotency-Key` the client sets), a number of times or,
+for a call that must get through a server restart, for a time budget; and
+long-poll loops that re-ask until the state or the caller's deadline, since a
+server-side long-poll may answer early.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import random
 import re
@@ -23,7 +25,13 @@ from urllib.parse import quote
 
 import httpx
 
-from ._exceptions import InvalidJobId, TransportError, WaitTimeout, problem_from_response
+from ._exceptions import (
+    InvalidJobId,
+    ServerError,
+    TransportError,
+    WaitTimeout,
+    problem_from_response,
+)
 from ._models import (
     Advice,
     ClusterState,
@@ -41,6 +49,7 @@ T = TypeVar("T")
 DEFAULT_URL = "http://127.0.0.1:8080"
 RETRY_STATUSES = frozenset({502, 503, 504})
 Progress = Callable[[Job, float], None]  # (job, seconds waited so far)
+Retrying = Callable[[str, float], None]  # (what failed, seconds until the next attempt)
 
 
 def _raw(body: Any) -> Any:
@@ -198,17 +207,33 @@ class _Base:
         """Exponential backoff with full jitter; a numeric Retry-After wins (capped)."""
         if retry_after is not None and retry_after.replace(".", "", 1).isdigit():
             return min(float(retry_after), self.max_backoff_s)
-        return random.uniform(0.5, 1.0) * min(self.max_backoff_s, self.backoff_s * 2.0**attempt)
+        growth = self.backoff_s * 2.0 ** min(attempt, 60)
+        return random.uniform(0.5, 1.0) * min(self.max_backoff_s, growth)
 
-    def _retry_after(self, response: httpx.Response | None, attempt: int) -> float | None:
-        """Seconds to wait before retrying, or None when this answer is final."""
-        if attempt >= self.retries:
+    def _retry_after(
+        self, response: httpx.Response | None, attempt: int, deadline: float | None = None
+    ) -> float | None:
+        """Seconds to wait before retrying, or None when this answer is final.
+
+        Without a `deadline` (monotonic) a failure is retried `retries` times; with
+        one, until then. Answers other than 502/503/504 are final either way.
+        """
+        if response is not None and response.status_code not in RETRY_STATUSES:
             return None
-        if response is None:
-            return self._delay(attempt, None)
-        if response.status_code in RETRY_STATUSES:
-            return self._delay(attempt, response.headers.get("retry-after"))
-        return None
+        left = math.inf
+        if deadline is None:
+            if attempt >= self.retries:
+                return None
+        else:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+        retry_after = None if response is None else response.headers.get("retry-after")
+        return min(self._delay(attempt, retry_after), left)
+
+    @staticmethod
+    def _deadline(retry_for_s: float | None) -> float | None:
+        return None if retry_for_s is None else time.monotonic() + retry_for_s
 
     @staticmethod
     def _result(call: Call[T], response: httpx.Response) -> T:
@@ -231,6 +256,13 @@ class _Base:
 
 def _unreachable(url: str, call: Call[Any], exc: Exception) -> TransportError:
     return TransportError(f"{call.method} {url}{call.path}: {type(exc).__name__}: {exc}")
+
+
+def _failed(call: Call[Any], response: httpx.Response | None, exc: Exception | None) -> str:
+    """What an attempt that will be retried met, for `on_retry`."""
+    if response is not None:
+        return f"{call.method} {call.path}: {response.status_code} {response.reason_phrase}"
+    return f"{call.method} {call.path}: {type(exc).__name__}: {exc}"
 
 
 class Client(_Base):
@@ -258,20 +290,32 @@ class Client(_Base):
     def close(self) -> None:
         self.http.close()
 
-    def request(self, call: Call[T]) -> T:
-        """Send `call`, retrying connection errors and 502/503/504 with backoff."""
+    def request(
+        self, call: Call[T], *, retry_for_s: float | None = None, on_retry: Retrying | None = None
+    ) -> T:
+        """Send `call`, retrying connection errors and 502/503/504 with backoff.
+
+        `retries` times, or with `retry_for_s` for that many seconds (`math.inf`:
+        until answered), e.g. through a server restart; other answers are final at
+        once. `on_retry(what_failed, pause_s)` is told of every retry.
+        """
+        deadline = self._deadline(retry_for_s)
         attempt = 0
         while True:
             try:
                 response = self.http.request(call.method, call.path, **self._request_args(call))
             except httpx.TransportError as exc:
-                pause = self._retry_after(None, attempt)
+                pause = self._retry_after(None, attempt, deadline)
                 if pause is None:
                     raise _unreachable(self.url, call, exc) from exc
+                if on_retry is not None:
+                    on_retry(_failed(call, None, exc), pause)
             else:
-                pause = self._retry_after(response, attempt)
+                pause = self._retry_after(response, attempt, deadline)
                 if pause is None:
                     return self._result(call, response)
+                if on_retry is not None:
+                    on_retry(_failed(call, response, None), pause)
             time.sleep(pause)
             attempt += 1
 
@@ -336,26 +380,48 @@ class Client(_Base):
         timeout_s: float | None = None,
         on_progress: Progress | None = None,
         poll_s: float | None = None,
+        ride_out: bool = False,
+        on_retry: Retrying | None = None,
     ) -> Job:
         """Long-poll until the job reaches `state` (or later); WaitTimeout at the deadline.
 
         Each long-poll asks the server to hold the call `poll_s` (default the
         client's); `on_progress(job, waited_s)` is called after each early answer.
+        `ride_out`: an unreachable server (or 502/503/504) is retried until the
+        deadline (forever without one), not `retries` times, then WaitTimeout.
         """
         waiter = _Waiter(job_id, state, timeout_s, poll_s or self.poll_s)
         while True:
             call = waiter.next_call()
             if call is None:
                 raise waiter.timeout()
-            job = self.request(call)
+            try:
+                job = self.request(
+                    call, retry_for_s=waiter.retry_for_s(ride_out), on_retry=on_retry
+                )
+            except (TransportError, ServerError) as exc:
+                timeout = waiter.outage(exc, ride_out)
+                if timeout is None:
+                    raise
+                raise timeout from exc
             if waiter.done(job, on_progress):
                 return job
             time.sleep(waiter.pause())
 
-    def follow_decisions(self, after: int = 0, poll_s: float = 1.0) -> Iterator[Decision]:
-        """Every decision after `after`, forever (polls when caught up)."""
+    def follow_decisions(
+        self,
+        after: int = 0,
+        poll_s: float = 1.0,
+        *,
+        ride_out: bool = False,
+        on_retry: Retrying | None = None,
+    ) -> Iterator[Decision]:
+        """Every decision after `after`, forever (polls when caught up); `ride_out`:
+        through any outage too (an unreachable server is retried until it answers)."""
+        retry_for_s = math.inf if ride_out else None
         while True:
-            page = self.decisions(after, 1000)
+            call = _Calls.decisions(after, 1000)
+            page = self.request(call, retry_for_s=retry_for_s, on_retry=on_retry)
             yield from page.decisions
             after = page.next
             if not page.decisions:
@@ -387,7 +453,10 @@ class AsyncClient(_Base):
     async def aclose(self) -> None:
         await self.http.aclose()
 
-    async def request(self, call: Call[T]) -> T:
+    async def request(
+        self, call: Call[T], *, retry_for_s: float | None = None, on_retry: Retrying | None = None
+    ) -> T:
+        deadline = self._deadline(retry_for_s)
         attempt = 0
         while True:
             try:
@@ -395,13 +464,17 @@ class AsyncClient(_Base):
                     call.method, call.path, **self._request_args(call)
                 )
             except httpx.TransportError as exc:
-                pause = self._retry_after(None, attempt)
+                pause = self._retry_after(None, attempt, deadline)
                 if pause is None:
                     raise _unreachable(self.url, call, exc) from exc
+                if on_retry is not None:
+                    on_retry(_failed(call, None, exc), pause)
             else:
-                pause = self._retry_after(response, attempt)
+                pause = self._retry_after(response, attempt, deadline)
                 if pause is None:
                     return self._result(call, response)
+                if on_retry is not None:
+                    on_retry(_failed(call, response, None), pause)
             await asyncio.sleep(pause)
             attempt += 1
 
@@ -471,13 +544,23 @@ class AsyncClient(_Base):
         timeout_s: float | None = None,
         on_progress: Progress | None = None,
         poll_s: float | None = None,
+        ride_out: bool = False,
+        on_retry: Retrying | None = None,
     ) -> Job:
         waiter = _Waiter(job_id, state, timeout_s, poll_s or self.poll_s)
         while True:
             call = waiter.next_call()
             if call is None:
                 raise waiter.timeout()
-            job = await self.request(call)
+            try:
+                job = await self.request(
+                    call, retry_for_s=waiter.retry_for_s(ride_out), on_retry=on_retry
+                )
+            except (TransportError, ServerError) as exc:
+                timeout = waiter.outage(exc, ride_out)
+                if timeout is None:
+                    raise
+                raise timeout from exc
             if waiter.done(job, on_progress):
                 return job
             await asyncio.sleep(waiter.pause())
@@ -522,8 +605,21 @@ class _Waiter:
         answered_in = time.monotonic() - self.asked_at
         return 0.2 if answered_in < min(0.2, self.asked_for / 2) else 0.0
 
-    def timeout(self) -> WaitTimeout:
+    def retry_for_s(self, ride_out: bool) -> float | None:
+        """How long a long-poll may retry an unreachable server (None: `retries` times)."""
+        if not ride_out:
+            return None
+        return math.inf if self.deadline is None else max(0.0, self.deadline - time.monotonic())
+
+    def outage(self, exc: TransportError | ServerError, ride_out: bool) -> WaitTimeout | None:
+        """Riding out, a server unanswered until the deadline is its WaitTimeout (else None)."""
+        if not ride_out or (isinstance(exc, ServerError) and exc.status not in RETRY_STATUSES):
+            return None
+        return self.timeout(f"; the server did not answer: {exc}")
+
+    def timeout(self, why: str = "") -> WaitTimeout:
         state = self.last.state if self.last else "unknown"
         return WaitTimeout(
-            f"job {self.job_id} did not reach {self.state} in time (still {state})", self.last
+            f"job {self.job_id} did not reach {self.state} in time (still {state}){why}",
+            self.last,
         )

@@ -255,6 +255,10 @@ def format_decision(d: Decision) -> str:
     return f"{d.seq:>8}  {at}  {d.kind:<9}  {d.job_id or '-':<24}  {d.reason:<10}  {detail}"
 
 
+def _retrying(what: str, pause_s: float) -> None:
+    print(f"[lightpath] {what}; retrying in {pause_s:.1f}s", file=sys.stderr, flush=True)
+
+
 def run_client_command(args: argparse.Namespace) -> int:
     with Client(args.server) as client:
         if args.command == "launch":
@@ -273,7 +277,8 @@ def run_client_command(args: argparse.Namespace) -> int:
         elif args.command == "decisions":
             print(DECISIONS_HEADER, flush=True)
             if args.follow:
-                for d in client.follow_decisions(args.after):
+                # through a server restart too: each retry is a line on stderr
+                for d in client.follow_decisions(args.after, ride_out=True, on_retry=_retrying):
                     print(format_decision(d), flush=True)
             # every page to the end (or --limit of them), as `jobs` walks every page
             after, left = args.after, args.limit

@@ -2,12 +2,13 @@
 
 Node ranks follow Megatron-LM's default rank order (`tp-cp-ep-dp-pp`: tensor
 parallelism fastest, pipeline stage slowest). Lightpath keeps TP (and CP)
-inside one server of 8 GPUs, so the unit (stage, dp_rank, ep_rank) runs as
+inside one server of G GPUs (the cluster's `gpus_per_server`, 8 on the presets), so
+the unit (stage, dp_rank, ep_rank) runs as
 
     NODE_RANK = ep_rank + ep * (dp_rank + dp * stage)
 
-and global rank = NODE_RANK * GPUs per server + local rank, which is where
-Megatron-LM (`--tensor-model-parallel-size 8 --expert-model-parallel-size E
+and global rank = NODE_RANK * G + local rank, which is where Megatron-LM
+(`--tensor-model-parallel-size G --expert-model-parallel-size E
 --pipeline-model-parallel-size P`) puts that unit's ranks.
 """
 
@@ -27,11 +28,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ._client import Client, _Calls
+from ._client import Call, Client, _Calls
 from ._exceptions import Conflict, LightpathError, WaitTimeout
 from ._models import Job, Unit
 
 RUNNERS = ("local", "ssh", "print")
+# the job's ending (complete, fail, cancel) is retried through a server restart this
+# long, or the job's lease when longer: given up sooner, the launcher would exit 1 and
+# a job whose ranks succeeded would end `lease_expired`
+FINAL_RETRY_S = 120.0
 
 
 def node_rank(unit: Unit, dp: int, ep: int) -> int:
@@ -145,8 +150,13 @@ STARTERS: dict[str, Callable[[Rank, Sequence[str], str], subprocess.Popen[bytes]
 }
 
 
+# what stops the launcher: Ctrl-C, kill, and a closed terminal or dropped ssh session
+# (SIGHUP: the ranks run in sessions of their own, so nothing else would stop them)
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
 class Stop(Exception):
-    """SIGINT or SIGTERM reached the launcher."""
+    """SIGINT, SIGTERM or SIGHUP reached the launcher."""
 
     def __init__(self, signum: int) -> None:
         super().__init__(signal.Signals(signum).name)
@@ -184,8 +194,20 @@ class Progress:
             self.stream.flush()
 
     def done(self, message: str) -> None:
-        self.stream.write(("\r\033[K" if self.tty else "") + f"[lightpath] {message}\n")
-        self.stream.flush()
+        self.write(f"[lightpath] {message}")
+
+    def retrying(self, what: str, pause_s: float, left_s: float | None = None) -> None:
+        """One line per retry of a call the server did not answer."""
+        line = f"[lightpath] {what}; retrying in {pause_s:.1f}s"
+        self.write(line + (f" ({max(0.0, left_s):.0f}s left)" if left_s is not None else ""))
+
+    def write(self, line: str) -> None:
+        """One whole line, replacing the waiting line on a terminal."""
+        try:
+            self.stream.write(("\r\033[K" if self.tty else "") + line + "\n")
+            self.stream.flush()
+        except (OSError, ValueError):
+            pass  # the terminal is gone (SIGHUP): stopping the ranks matters more
 
 
 class Heartbeat(threading.Thread):
@@ -266,7 +288,21 @@ def launch(
     """The whole `lightpath launch`; returns the launcher's exit status."""
     job_id = str(body["job_id"])
     progress = Progress()
-    previous = {s: signal.signal(s, _raise_stop) for s in (signal.SIGINT, signal.SIGTERM)}
+    final_s = max(float(body.get("lease_s") or 0.0), FINAL_RETRY_S)
+
+    def final(call: Call[Job]) -> Job:
+        """The job's ending, retried through a server restart for `final_s`."""
+        until = time.monotonic() + final_s
+        return client.request(
+            call,
+            retry_for_s=final_s,
+            on_retry=lambda what, pause: progress.retrying(what, pause, until - time.monotonic()),
+        )
+
+    # asked once, before there is a job to leave behind: the hostfile's slots and
+    # LIGHTPATH_GPUS_PER_SERVER are the cluster's, not an assumed 8
+    gpus_per_server = client.cluster().gpus_per_server
+    previous = {s: signal.signal(s, _raise_stop) for s in STOP_SIGNALS}
     procs: list[subprocess.Popen[bytes]] = []
     heartbeat: Heartbeat | None = None
     try:
@@ -274,12 +310,19 @@ def launch(
         if not job.ended and job.state != "placed":
             progress(job, 0.0)  # at once: the first long-poll may hold for poll_s
             try:
+                # through a server restart too, until --wait-timeout-s (if any)
                 job = client.wait_for(
-                    job_id, "placed", timeout_s=wait_timeout_s, on_progress=progress, poll_s=10.0
+                    job_id,
+                    "placed",
+                    timeout_s=wait_timeout_s,
+                    on_progress=progress,
+                    poll_s=10.0,
+                    ride_out=True,
+                    on_retry=progress.retrying,
                 )
             except WaitTimeout as exc:
                 # nothing will run it: left queued it would hold servers once placed
-                _cancel(client, job_id)
+                _cancel(final, job_id)
                 progress.done(f"{job_id} cancelled: {exc}")
                 return 1
         if job.state != "placed":
@@ -294,6 +337,7 @@ def launch(
             master_addr="127.0.0.1" if local else None,
             master_port=master_port or (free_port() if local else 29500),
             workdir=workdir or Path(cwd) / ".lightpath" / "launch" / _safe(job_id),
+            gpus_per_server=gpus_per_server,
             server_url=client.url,
         )
         if runner == "print":
@@ -309,7 +353,16 @@ def launch(
         every = heartbeat_s or (max(0.5, lease / 3) if lease else 30.0)
         heartbeat = Heartbeat(client, job_id, every)
         heartbeat.start()
-        procs.extend(STARTERS[runner](rank, command, cwd) for rank in ranks)
+        try:
+            procs.extend(STARTERS[runner](rank, command, cwd) for rank in ranks)
+        except OSError as exc:
+            # not found or not executable: the ranks started so far stop, the job fails
+            _terminate(procs, grace_s)
+            heartbeat.stop.set()
+            code, reason = _cannot_start(runner, command, exc)
+            final(_Calls.fail_job(job_id, code, reason))
+            progress.write(f"error: {reason} (job {job_id} failed, exit {code})")
+            return code
         status, failed = supervise(procs, heartbeat, grace_s)
         heartbeat.stop.set()
         if heartbeat.ended is not None:
@@ -317,18 +370,18 @@ def launch(
             progress.done(f"{job_id} was ended by the server: {ended.state} ({ended.end_reason})")
             return 1
         if status == 0:
-            client.complete_job(job_id)
+            final(_Calls.complete_job(job_id))
             progress.done(f"{job_id} completed")
             return 0
-        reason = f"rank {failed} exited {status}" if failed is not None else "exited"
-        client.fail_job(job_id, exit_code=max(-255, min(255, status)), reason=reason)
+        code, reason = _failure(status, failed)
+        final(_Calls.fail_job(job_id, code, reason))
         progress.done(f"{job_id} failed: {reason}")
-        return status if 0 < status < 256 else 128 + abs(status)
+        return code
     except Stop as stop:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        for s in STOP_SIGNALS:
+            signal.signal(s, signal.SIG_IGN)
         _terminate(procs, grace_s)
-        _cancel(client, job_id)
+        _cancel(final, job_id)
         progress.done(f"{job_id} cancelled ({stop})")
         return 128 + stop.signum
     finally:
@@ -338,9 +391,34 @@ def launch(
             signal.signal(s, handler)
 
 
-def _cancel(client: Client, job_id: str) -> None:
+def _cannot_start(runner: str, command: Sequence[str], exc: OSError) -> tuple[int, str]:
+    """A shell's status for a command it cannot start: 127 not found, 126 not executable."""
+    program = "ssh" if runner == "ssh" else command[0]
+    code = 127 if isinstance(exc, FileNotFoundError) else 126
+    return code, f"cannot run {program}: {exc.strerror or exc}"
+
+
+def _failure(status: int, failed: int | None) -> tuple[int, str]:
+    """The exit code (the launcher's and the job's) and the reason for a rank's status.
+
+    A rank killed by a signal (Popen's -N) is 128 + N, as a shell, Slurm and
+    Kubernetes report it: a SIGKILLed (OOM-killed) rank is 137, not -9.
+    """
+    who = f"rank {failed}" if failed is not None else "the job"
+    if status < 0:
+        try:
+            name = signal.Signals(-status).name
+        except ValueError:
+            name = f"signal {-status}"
+        return min(255, 128 - status), f"{who} killed by {name}"
+    if failed is None:
+        return min(255, status), "exited"
+    return min(255, status), f"{who} exited {status}"
+
+
+def _cancel(final: Callable[[Call[Job]], Job], job_id: str) -> None:
     try:
-        client.cancel_job(job_id)
+        final(_Calls.cancel_job(job_id))
     except Conflict:
         pass  # it had already ended
 

@@ -4,8 +4,8 @@
 
 Checks the environment the launcher gives each rank (exit 97 if wrong), writes
 OUTDIR/rank-<NODE_RANK>.json, then by MODE: `ok` exits 0; `fail` makes node rank 1
-exit 3 while the others wait to be stopped; `slow` exits 0 after 4 s; `wait` waits for a
-signal. On SIGTERM a
+exit 3 while the others wait to be stopped (`kill`: rank 1 SIGKILLs itself, as the OOM
+killer would); `slow` exits 0 after 4 s; `wait` waits for a signal. On SIGTERM a
 rank writes OUTDIR/term-<NODE_RANK> and exits 143.
 """
 
@@ -60,7 +60,7 @@ def main() -> int:
     (out / f"rank-{rank}.json").write_text(json.dumps(env))
     if mode == "ok":
         return 0
-    if mode == "fail" and rank == 1:
+    if mode in ("fail", "kill") and rank == 1:
         # fail once every rank is up (its SIGTERM handler installed), so the test sees
         # each of them stopped rather than some killed while still starting
         deadline = time.monotonic() + 60
@@ -68,6 +68,8 @@ def main() -> int:
             if time.monotonic() > deadline:
                 break
             time.sleep(0.02)
+        if mode == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
         return 3
     if mode == "slow":  # outlives the lease several times over: only heartbeats keep the job
         time.sleep(4)

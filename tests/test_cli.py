@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -250,6 +251,43 @@ def test_decisions_and_follow(live: LiveServer) -> None:
     finally:
         follow.terminate()
         follow.wait(timeout=10)
+
+
+def test_following_decisions_rides_out_a_server_restart(tmp_path: Path) -> None:
+    """`decisions --follow` exited 1 after ~3-6 s of a server restart; it now retries,
+    a line on stderr each time, and goes on with the decisions once the server is back."""
+    settings = Settings(database_url=f"sqlite:///{tmp_path / 'lp.db'}", cluster="small")
+    from app.store.migrate import upgrade_to_head
+
+    upgrade_to_head(settings)
+    server = LiveServer(settings)
+    server.start()
+    env = {**os.environ, "LIGHTPATH_URL": server.url}
+    follow = subprocess.Popen(
+        [str(LIGHTPATH), "decisions", "--follow"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        assert follow.stdout is not None and follow.stderr is not None
+        assert follow.stdout.readline().split()[0] == "SEQ"
+        server.stop()
+        time.sleep(8.0)
+        assert follow.poll() is None
+        server = LiveServer(settings, port=server.port)
+        server.start()
+        with Client(server.url) as c:
+            c.submit_job("after-restart", dp=1, pp=1)
+        fields = follow.stdout.readline().split()
+        assert fields[2:4] == ["placement", "after-restart"]
+        follow.terminate()
+        assert "GET /v1/decisions: ConnectError" in follow.stderr.read()
+    finally:
+        follow.kill()
+        follow.wait(timeout=10)
+        server.stop()
 
 
 def test_a_job_id_no_route_can_address_is_an_error_line(live: LiveServer) -> None:

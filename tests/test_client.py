@@ -29,6 +29,7 @@ from lightpath_client import (
     WaitTimeout,
     ring_allreduce_demands,
 )
+from lightpath_client._client import _Calls
 from tests.support import LiveServer, free_port
 
 SMALL_SERVERS = 32
@@ -207,6 +208,86 @@ def test_503_is_retried_with_growing_backoff_then_raised() -> None:
         with pytest.raises(ServiceUnavailable) as unavailable:
             lp.get_job("j")
     assert len(times) == 3 and unavailable.value.title == "Not ready"
+
+
+def test_a_retry_budget_rides_out_an_outage_and_4xx_stay_final() -> None:
+    """`retries` ends after ~3-6 s of backoff, less than a server restart; a call given
+    `retry_for_s` keeps retrying refused connections and 503s for that long, telling
+    `on_retry` of each, while a 4xx is still final at once."""
+    calls: list[float] = []
+
+    def down_then_up(request: httpx.Request) -> httpx.Response:
+        calls.append(time.monotonic())
+        if len(calls) <= 5:
+            raise httpx.ConnectError("Connection refused", request=request)
+        if len(calls) <= 8:
+            return httpx.Response(503, json={"title": "Not ready", "status": 503})
+        if request.url.path.endswith("/nope"):
+            return httpx.Response(404, json={"title": "Not found", "status": 404})
+        job = {"job_id": "j", "state": "completed", "parallelism": {"dp": 1, "pp": 1, "ep": 1}}
+        return httpx.Response(200, json=job)
+
+    transport = httpx.MockTransport(down_then_up)
+    told: list[tuple[str, float]] = []
+    options = {"retries": 2, "backoff_s": 0.01, "max_backoff_s": 0.02}
+    with Client("http://lp", transport=transport, **options) as lp:
+        with pytest.raises(TransportError):
+            lp.complete_job("j")  # three attempts, then given up
+        assert len(calls) == 3
+        calls.clear()
+        call = _Calls.complete_job("j")
+        job = lp.request(call, retry_for_s=30, on_retry=lambda w, p: told.append((w, p)))
+        assert job.state == "completed" and len(calls) == 9
+        assert [w for w, _ in told[:1]] == [
+            "POST /v1/jobs/j/complete: ConnectError: Connection refused"
+        ]
+        assert told[-1][0] == "POST /v1/jobs/j/complete: 503 Service Unavailable"
+        assert len(told) == 8 and all(0 < p <= 0.02 for _, p in told)
+        # a final answer is final: no retry, whatever the budget
+        with pytest.raises(NotFound):
+            lp.request(_Calls.get_job("nope"), retry_for_s=30, on_retry=lambda w, p: 1 / 0)
+        assert len(calls) == 10
+
+    # the budget bounds the retrying
+    def refused(request: httpx.Request) -> httpx.Response:
+        calls.append(time.monotonic())
+        raise httpx.ConnectError("Connection refused", request=request)
+
+    calls.clear()
+    with Client("http://lp", transport=httpx.MockTransport(refused), **options) as lp:
+        started = time.monotonic()
+        with pytest.raises(TransportError):
+            lp.request(call, retry_for_s=0.3)
+    assert 0.3 <= time.monotonic() - started < 2 and len(calls) > 3
+
+
+def test_wait_for_rides_out_an_outage_until_its_deadline() -> None:
+    """A launcher waiting for placement lost its queued job to a 6-15 s restart: the
+    long-poll's TransportError ended the wait. Riding out, the wait retries until its
+    deadline and only then raises WaitTimeout (so the launcher cancels the job)."""
+    calls: list[float] = []
+
+    def outage(request: httpx.Request) -> httpx.Response:
+        calls.append(time.monotonic())
+        if 2 <= len(calls) <= 6 or len(calls) > 8:
+            raise httpx.ConnectError("Connection refused", request=request)
+        state = "placed" if len(calls) == 8 else "queued"
+        job = {"job_id": "j", "state": state, "parallelism": {"dp": 1, "pp": 1, "ep": 1}}
+        return httpx.Response(200, json=job)
+
+    options = {"retries": 2, "backoff_s": 0.01, "max_backoff_s": 0.02}
+    told: list[str] = []
+    with Client("http://lp", transport=httpx.MockTransport(outage), **options) as lp:
+        with pytest.raises(TransportError):
+            lp.wait_for("j", timeout_s=30, poll_s=0.01)
+        calls.clear()
+        job = lp.wait_for(
+            "j", timeout_s=30, poll_s=0.01, ride_out=True, on_retry=lambda w, p: told.append(w)
+        )
+        assert job.state == "placed" and len(calls) == 8 and len(told) == 5
+        with pytest.raises(WaitTimeout) as timeout:
+            lp.wait_for("j", "completed", timeout_s=0.3, poll_s=0.01, ride_out=True)
+        assert "did not answer" in str(timeout.value) and len(calls) > 12
 
 
 def test_async_503_is_retried() -> None:

@@ -22,8 +22,7 @@ LIGHTPATH = Path(sys.executable).with_name("lightpath")
 SMALL_SERVERS = 32
 
 
-@pytest.fixture
-def live(tmp_path: Path) -> Iterator[LiveServer]:
+def small_settings(tmp_path: Path) -> Settings:
     settings = Settings(
         database_url=f"sqlite:///{tmp_path / 'lp.db'}",
         cluster="small",
@@ -33,10 +32,27 @@ def live(tmp_path: Path) -> Iterator[LiveServer]:
     from app.store.migrate import upgrade_to_head
 
     upgrade_to_head(settings)
-    server = LiveServer(settings)
+    return settings
+
+
+@pytest.fixture
+def live(tmp_path: Path) -> Iterator[LiveServer]:
+    server = LiveServer(small_settings(tmp_path))
     server.start()
     yield server
     server.stop()
+
+
+def restart(server: LiveServer, down_s: float) -> LiveServer:
+    """The service down for `down_s` (a restart, a redeploy), then back on the same port.
+
+    Longer than the client's ~3-6 s of counted retries, shorter than the launcher's
+    budget for its final calls."""
+    server.stop()
+    time.sleep(down_s)
+    again = LiveServer(server.settings, port=server.port)
+    again.start()
+    return again
 
 
 def launch_argv(server: LiveServer, job_id: str, out: Path, mode: str, *extra: str) -> list[str]:
@@ -109,7 +125,48 @@ def test_a_failing_rank_fails_the_job_with_its_exit_code(live: LiveServer, tmp_p
     assert {p.name for p in tmp_path.glob("term-*")} == {"term-0", "term-2", "term-3"}
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_rank_killed_by_a_signal_fails_the_job_with_128_plus_it(
+    live: LiveServer, tmp_path: Path
+) -> None:
+    """A SIGKILLed (OOM-killed) rank: the job recorded exit_code -9 while the launcher
+    exited 137; both now say 137, as a shell, Slurm and Kubernetes do."""
+    done = run(launch_argv(live, "k9-1", tmp_path, "kill"), tmp_path)
+    assert done.returncode == 137, done.stderr
+    assert "k9-1 failed: rank 1 killed by SIGKILL" in done.stderr
+    with Client(live.url) as c:
+        job = c.get_job("k9-1")
+        assert (job.state, job.exit_code) == ("failed", 137)
+        assert job.end_reason == "rank 1 killed by SIGKILL"
+        assert c.cluster().free_servers == SMALL_SERVERS
+    assert {p.name for p in tmp_path.glob("term-*")} == {"term-0", "term-2", "term-3"}
+
+
+@pytest.mark.parametrize(
+    ("program", "code", "why"),
+    [("missing", 127, "No such file or directory"), ("not-executable", 126, "Permission denied")],
+)
+def test_a_command_that_cannot_start_fails_the_job(
+    live: LiveServer, tmp_path: Path, program: str, code: int, why: str
+) -> None:
+    """It was a FileNotFoundError traceback, and the job kept its servers until its
+    lease ran out; now the shell's 127 (not found) or 126 (not executable)."""
+    script = tmp_path / "not-executable"
+    script.write_text("#!/bin/sh\n")
+    argv = launch_argv(live, "nocmd-1", tmp_path, "ok")
+    argv[argv.index("--") + 1 :] = [str(tmp_path / program), "--lr", "1e-4"]
+    done = run(argv, tmp_path)
+    assert done.returncode == code, done.stderr
+    assert "Traceback" not in done.stderr
+    error = f"error: cannot run {tmp_path / program}: {why} (job nocmd-1 failed, exit {code})"
+    assert done.stderr.splitlines()[-1] == error
+    with Client(live.url) as c:
+        job = c.get_job("nocmd-1")
+        assert (job.state, job.exit_code) == ("failed", code)
+        assert job.end_reason == f"cannot run {tmp_path / program}: {why}"
+        assert c.cluster().free_servers == SMALL_SERVERS
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
 def test_a_signal_cancels_the_job_and_stops_the_ranks(
     live: LiveServer, tmp_path: Path, signum: signal.Signals
 ) -> None:
@@ -131,6 +188,32 @@ def test_a_signal_cancels_the_job_and_stops_the_ranks(
         assert c.get_job("sig-1").state == "cancelled"
         assert c.cluster().free_servers == SMALL_SERVERS
     assert len(list(tmp_path.glob("term-*"))) == 4
+
+
+def test_a_hangup_with_the_terminal_gone_still_stops_the_ranks(
+    live: LiveServer, tmp_path: Path
+) -> None:
+    """A closed terminal or dropped ssh session: SIGHUP, and stderr leads nowhere. The
+    launcher died of the SIGHUP, leaving its ranks (in sessions of their own) running
+    and the job placed until its lease ran out."""
+    proc = subprocess.Popen(
+        launch_argv(live, "hup-1", tmp_path, "wait"),
+        cwd=tmp_path,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 60
+    while len(list(tmp_path.glob("rank-*.json"))) < 4:
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
+    assert proc.stderr is not None
+    proc.stderr.close()
+    proc.send_signal(signal.SIGHUP)
+    assert proc.wait(timeout=60) == 128 + signal.SIGHUP
+    assert len(list(tmp_path.glob("term-*"))) == 4
+    with Client(live.url) as c:
+        assert c.get_job("hup-1").state == "cancelled"
+        assert c.cluster().free_servers == SMALL_SERVERS
 
 
 def test_waits_in_the_queue_with_a_progress_line(live: LiveServer, tmp_path: Path) -> None:
@@ -256,6 +339,35 @@ def test_print_runner_writes_the_hostfile_and_placement(live: LiveServer, tmp_pa
     ]
 
 
+def test_the_hostfile_has_the_clusters_gpus_per_server(tmp_path: Path) -> None:
+    """The launcher wrote `slots=8` and LIGHTPATH_GPUS_PER_SERVER=8 whatever the cluster
+    said; it now asks `GET /v1/cluster` (once) for `gpus_per_server`."""
+    from app.engine.cluster import cluster_to_dict, preset
+    from app.store.migrate import upgrade_to_head
+
+    cluster_file = tmp_path / "four-gpus.json"
+    cluster_file.write_text(json.dumps({**cluster_to_dict(preset("small")), "gpus_per_server": 4}))
+    settings = Settings(
+        database_url=f"sqlite:///{tmp_path / 'lp.db'}",
+        cluster=str(cluster_file),
+        admit_wait_s=2.0,
+        worker_tick_s=0.2,
+    )
+    upgrade_to_head(settings)
+    server = LiveServer(settings)
+    server.start()
+    try:
+        argv = launch_argv(server, "g4-1", tmp_path, "ok", "--runner", "print")
+        done = run(argv, tmp_path)
+        assert done.returncode == 0, done.stderr
+        hosts = (tmp_path / "launch" / "hostfile").read_text().splitlines()
+        assert len(hosts) == 4 and all(h.endswith(" slots=4") for h in hosts), hosts
+        for line in done.stdout.splitlines():
+            assert " LIGHTPATH_GPUS_PER_SERVER=4 " in line
+    finally:
+        server.stop()
+
+
 def test_heartbeats_keep_a_job_longer_than_its_lease(live: LiveServer, tmp_path: Path) -> None:
     argv = launch_argv(live, "hb-1", tmp_path, "slow")
     argv[argv.index("--lease-s") + 1] = "1"
@@ -340,3 +452,68 @@ def test_print_runner_asks_no_lease_and_passes_the_schedule(
     assert run(stated, tmp_path).returncode == 0
     with Client(live.url) as c:
         assert c.get_job("pr-4").lease_s == 2
+
+
+def test_the_outcome_is_reported_through_a_server_restart(tmp_path: Path) -> None:
+    """The ranks exit 0 while the API is down for 8 s: the completion was given up
+    after ~3-6 s, the launcher exited 1 and the job later ended `lease_expired`."""
+    server = LiveServer(small_settings(tmp_path))
+    server.start()
+    go = tmp_path / "go"
+    argv = launch_argv(server, "out-1", tmp_path, "ok")
+    argv[argv.index("--lease-s") + 1] = "30"
+    argv[argv.index("--") + 1 :] = ["sh", "-c", f"while [ ! -e {go} ]; do sleep 0.05; done"]
+    proc = subprocess.Popen(argv, cwd=tmp_path, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stderr is not None
+        assert "out-1 placed on 4 servers" in proc.stderr.readline()
+        server.stop()
+        go.touch()  # every rank exits 0 while the server is down
+        server = restart(server, 8.0)
+        _, stderr = proc.communicate(timeout=120)
+        assert proc.returncode == 0, stderr
+        assert "POST /v1/jobs/out-1/complete: ConnectError" in stderr and "left)" in stderr
+        assert stderr.splitlines()[-1] == "[lightpath] out-1 completed"
+        with Client(server.url) as c:
+            assert c.get_job("out-1").state == "completed"
+            assert c.cluster().free_servers == SMALL_SERVERS
+    finally:
+        proc.kill()
+        server.stop()
+
+
+def test_waiting_for_placement_rides_out_a_server_restart(tmp_path: Path) -> None:
+    """A transport error while waiting in the queue made the launcher exit 1 and left
+    its job queued. Now the wait retries until --wait-timeout-s: a launcher with time
+    left is placed once the server is back, one whose wait ran out cancels its job."""
+    server = LiveServer(small_settings(tmp_path))
+    server.start()
+    procs: dict[str, subprocess.Popen[str]] = {}
+    try:
+        with Client(server.url) as c:
+            assert c.submit_job("blocker", dp=16, pp=2).state == "placed"
+        for job_id, extra in (("q-3", ()), ("q-4", ("--wait-timeout-s", "3"))):
+            out = tmp_path / job_id
+            out.mkdir()
+            argv = launch_argv(server, job_id, out, "ok", *extra)
+            procs[job_id] = subprocess.Popen(argv, cwd=out, stderr=subprocess.PIPE, text=True)
+            stderr = procs[job_id].stderr
+            assert stderr is not None
+            assert stderr.readline().startswith(f"[lightpath] {job_id}: queued")
+        server = restart(server, 8.0)
+        _, gave_up = procs["q-4"].communicate(timeout=120)
+        assert procs["q-4"].returncode == 1, gave_up
+        assert "q-4 cancelled: job q-4 did not reach placed in time" in gave_up
+        with Client(server.url) as c:
+            assert c.get_job("q-4").state == "cancelled"
+            assert c.get_job("q-3").state == "queued"
+            c.complete_job("blocker")
+            _, placed = procs["q-3"].communicate(timeout=120)
+            assert procs["q-3"].returncode == 0, placed
+            assert "[lightpath] GET /v1/jobs/q-3: " in placed and "retrying in" in placed
+            assert c.get_job("q-3").state == "completed"
+            assert c.cluster().free_servers == SMALL_SERVERS
+    finally:
+        for proc in procs.values():
+            proc.kill()
+        server.stop()

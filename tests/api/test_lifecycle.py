@@ -175,6 +175,29 @@ def test_a_launcher_ends_only_its_own_jobs(secured: LiveServer) -> None:
         assert op.delete("/v1/jobs/a3").json()["state"] == "cancelled"
 
 
+def test_a_launcher_cannot_take_another_tokens_job_id(secured: LiveServer) -> None:
+    """The same body under the same job_id from a second launcher token answered 200
+    with the first launcher's job, so both launchers ran ranks on its servers."""
+    with (
+        secured.client("tok-alice-0001") as alice,
+        secured.client("tok-bob-00002") as bob,
+        secured.client("tok-oper-0003") as op,
+    ):
+        body = job("dup", dp=1, pp=1)
+        assert alice.post("/v1/jobs", json=body).status_code == 201
+        for other in (body, job("dup", dp=2, pp=1)):
+            refused = bob.post("/v1/jobs", json=other)
+            assert refused.status_code == 403, refused.text
+            assert refused.headers["content-type"] == "application/problem+json"
+            assert refused.json()["type"].endswith("not-owner") and "job" not in refused.json()
+        # its submitter and an operator still get the job (idempotent resubmission)
+        again = alice.post("/v1/jobs", json=body)
+        assert again.status_code == 200 and again.json()["state"] == "placed"
+        assert op.post("/v1/jobs", json=body).status_code == 200
+        # a job_id nobody has taken is anyone's
+        assert bob.post("/v1/jobs", json=job("bobs", dp=1, pp=1)).status_code == 201
+
+
 ids = st.from_regex(JOB_ID_PATTERN, fullmatch=True).filter(lambda s: len(s) <= 200)
 
 

@@ -84,7 +84,7 @@ def test_every_error_is_problem_json_and_every_success_has_a_schema(doc: dict[st
             assert "Retry-After" in op["responses"]["503"]["headers"], (method, path)
     jobs = doc["paths"]["/v1/jobs/{job_id}"]
     assert {"403", "404", "409"} <= set(jobs["delete"]["responses"])
-    assert "409" in doc["paths"]["/v1/jobs"]["post"]["responses"]
+    assert {"403", "409"} <= set(doc["paths"]["/v1/jobs"]["post"]["responses"])
     assert "503" in doc["paths"]["/readyz"]["get"]["responses"]
     # response models everywhere, including the three that had none
     for path in ("/v1/cluster", "/v1/topology", "/readyz"):

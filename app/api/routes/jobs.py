@@ -170,6 +170,10 @@ _SUBMITTED = {
         200: {"model": JobOut, "description": "this job_id exists with the same body"},
         201: {"description": "placed at once", "headers": _SUBMITTED},
         202: {"model": JobOut, "description": "accepted and queued", "headers": _SUBMITTED},
+        403: {
+            "description": "this job_id exists, submitted with another launcher token",
+            "content": _PROBLEMS,
+        },
         409: {"description": "this job_id exists with a different body", "content": _PROBLEMS},
         422: {"description": "invalid, or can never fit this cluster", "content": _PROBLEMS},
     },
@@ -178,9 +182,11 @@ async def submit_job(
     job: JobIn,
     request: Request,
     services: ServicesDep,
-    _scope: Annotated[Any, require("launcher")],
+    scope: Annotated[Any, require("launcher")],
 ) -> JSONResponse:
-    """Submit a job; 201 if placed at once, 202 if queued, idempotent by `job_id`.
+    """Submit a job; 201 if placed at once, 202 if queued, idempotent by `job_id`
+    (200: the job as it stands; 403 `not-owner` to a launcher token other than the one
+    that submitted it, which would otherwise run ranks on the same servers).
 
     The request is durable once answered. The call waits briefly (at most
     `LIGHTPATH_ADMIT_WAIT_S`) for the scheduler's first decision, except for a job
@@ -220,11 +226,12 @@ async def submit_job(
                 servers_needed=engine_job.servers_needed,
                 priority=job.priority,
                 deadline=body.get("deadline"),
-                owner=token_owner(request) if _scope is not None else None,
+                owner=token_owner(request) if scope is not None else None,
                 publish=sender,
             )
         )
         if not created:
+            _refuse_foreign(record, request, scope)
             if record.body_hash != digest:
                 raise Problem(
                     409,
@@ -336,6 +343,17 @@ async def list_jobs(
     return JSONResponse({"jobs": [render_job(r) for r in page], "next": next_after})
 
 
+def _refuse_foreign(record: JobRecord, request: Request, scope: str | None) -> None:
+    """403 when a launcher token acts on a job another token submitted (operators may)."""
+    if scope not in (None, "operator") and record.owner not in (None, token_owner(request)):
+        raise Problem(
+            403,
+            "Forbidden",
+            f"job {record.job_id} was submitted with another token",
+            kind="not-owner",
+        )
+
+
 async def _check_owner(
     services: Services, request: Request, scope: str | None, job_id: str
 ) -> None:
@@ -343,10 +361,7 @@ async def _check_owner(
     record = await run_in_threadpool(services.store.get_job, job_id)
     if record is None:
         raise Problem(404, "Not found", f"no job {job_id}", kind="unknown-job")
-    if scope not in (None, "operator") and record.owner not in (None, token_owner(request)):
-        raise Problem(
-            403, "Forbidden", f"job {job_id} was submitted with another token", kind="not-owner"
-        )
+    _refuse_foreign(record, request, scope)
 
 
 async def _end(
