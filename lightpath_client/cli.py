@@ -68,7 +68,11 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument(flag, type=float, dest="compute_" + flag[2:].replace("-", "_"))
     p.add_argument("--collective", choices=("auto", "inc", "ring", "tree", "hierarchical_ring"))
     p.add_argument("--priority", type=int)
-    p.add_argument("--deadline", type=float, help="epoch seconds (edf queue policy)")
+    p.add_argument(
+        "--deadline",
+        type=_deadline,
+        help="RFC 3339 time or epoch seconds (edf queue policy)",
+    )
     p.add_argument(
         "--lease-s",
         type=float,
@@ -106,10 +110,44 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("job_id")
     command("cluster", "free and used servers per pod")
     p = command("decisions", "the decision log")
-    p.add_argument("--after", type=int, default=0, help="last seq already seen")
-    p.add_argument("--limit", type=int, default=None, help="at most this many (default: all)")
+    p.add_argument(
+        "--after", type=_at_least(0), default=0, help="last seq already seen (0: from the start)"
+    )
+    p.add_argument(
+        "--limit", type=_at_least(1), default=None, help="at most this many (default: all)"
+    )
     p.add_argument("--follow", "-f", action="store_true", help="keep printing new decisions")
     return parser
+
+
+def _deadline(text: str) -> float | str:
+    """Epoch seconds, or an RFC 3339 time passed on as written (the API reads both)."""
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        when = dt.datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is neither epoch seconds nor an RFC 3339 time (2026-12-01T00:00:00Z)"
+        ) from None
+    if when.tzinfo is None:
+        raise argparse.ArgumentTypeError(f"{text!r} needs a UTC offset, e.g. Z or +01:00")
+    return text
+
+
+def _at_least(low: int) -> Any:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"{value} is below {low}")
+        return value
+
+    return parse
 
 
 def _sections(args: argparse.Namespace, prefix: str) -> dict[str, Any] | None:

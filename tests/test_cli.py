@@ -347,3 +347,30 @@ def test_a_failure_without_a_reason_shows_its_exit_code_once() -> None:
     assert format_jobs([failed(-1, "exit -1")]).splitlines()[1].endswith("exit -1")
     assert "exit -1: exit -1" not in format_jobs([failed(-1, "exit -1")])
     assert format_jobs([failed(137, "oom")]).splitlines()[1].endswith("exit 137: oom")
+
+
+def test_the_cli_refuses_out_of_range_pages_and_reads_rfc3339_deadlines(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A sweep: `decisions --limit -1` printed nothing and exited 0, `--after -5` printed
+    the header and then the API's 422, and `launch --deadline` took epoch seconds only
+    although the API reads RFC 3339 too."""
+    from lightpath_client.cli import _parser
+
+    parser = _parser()
+    for argv in (["decisions", "--limit", "-1"], ["decisions", "--limit", "0"],
+                 ["decisions", "--after", "-5"]):  # fmt: skip
+        with pytest.raises(SystemExit) as exit_:
+            parser.parse_args(argv)
+        assert exit_.value.code == 2
+        assert "is below" in capsys.readouterr().err
+    launch = ["launch", "--job-id", "x", "--dp", "1", "--pp", "1"]
+    for given, read in (
+        ("2026-12-01T00:00:00Z", "2026-12-01T00:00:00Z"),
+        ("1796083200", 1796083200.0),
+    ):
+        assert parser.parse_args([*launch, "--deadline", given, "--", "true"]).deadline == read
+    for bad in ("tomorrow", "2026-12-01T00:00:00"):
+        with pytest.raises(SystemExit):
+            parser.parse_args([*launch, "--deadline", bad, "--", "true"])
+        assert "--deadline" in capsys.readouterr().err
