@@ -164,7 +164,18 @@ class Stop(Exception):
 
 
 def _raise_stop(signum: int, _frame: object) -> None:
+    # the others first: a second signal (systemd sends SIGTERM and SIGHUP together)
+    # raised a second Stop inside the first one's cleanup, which then never ran. A
+    # handler, not SIG_IGN: CPython raises "ignored due to race condition" for a
+    # signal already pending when its handler becomes SIG_IGN
+    for s in STOP_SIGNALS:
+        if signal.getsignal(s) is _raise_stop:
+            signal.signal(s, _stopping)
     raise Stop(signum)
+
+
+def _stopping(_signum: int, _frame: object) -> None:
+    """A stop signal while the launcher already stops: nothing more to do."""
 
 
 def free_port() -> int:
@@ -302,7 +313,13 @@ def launch(
     # asked once, before there is a job to leave behind: the hostfile's slots and
     # LIGHTPATH_GPUS_PER_SERVER are the cluster's, not an assumed 8
     gpus_per_server = client.cluster().gpus_per_server
-    previous = {s: signal.signal(s, _raise_stop) for s in STOP_SIGNALS}
+    # a signal the launcher was started ignoring stays ignored (`nohup` ignores
+    # SIGHUP, a shell's `&` SIGINT): a logout must not cancel a nohup'd job
+    previous = {
+        s: signal.signal(s, _raise_stop)
+        for s in STOP_SIGNALS
+        if signal.getsignal(s) is not signal.SIG_IGN
+    }
     procs: list[subprocess.Popen[bytes]] = []
     heartbeat: Heartbeat | None = None
     try:
@@ -378,9 +395,7 @@ def launch(
         progress.done(f"{job_id} failed: {reason}")
         return code
     except Stop as stop:
-        for s in STOP_SIGNALS:
-            signal.signal(s, signal.SIG_IGN)
-        _terminate(procs, grace_s)
+        _terminate(procs, grace_s)  # further stop signals do nothing now (`_raise_stop`)
         _cancel(final, job_id)
         progress.done(f"{job_id} cancelled ({stop})")
         return 128 + stop.signum

@@ -370,7 +370,7 @@ def test_the_cli_refuses_out_of_range_pages_and_reads_rfc3339_deadlines(
         ("1796083200", 1796083200.0),
     ):
         assert parser.parse_args([*launch, "--deadline", given, "--", "true"]).deadline == read
-    for bad in ("tomorrow", "2026-12-01T00:00:00"):
+    for bad in ("tomorrow", "nan", "1e400"):
         with pytest.raises(SystemExit):
             parser.parse_args([*launch, "--deadline", bad, "--", "true"])
         assert "--deadline" in capsys.readouterr().err

@@ -10,6 +10,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -214,6 +215,56 @@ def test_a_hangup_with_the_terminal_gone_still_stops_the_ranks(
     with Client(live.url) as c:
         assert c.get_job("hup-1").state == "cancelled"
         assert c.cluster().free_servers == SMALL_SERVERS
+
+
+def _started(live: LiveServer, tmp_path: Path, job_id: str, **popen: Any) -> subprocess.Popen[str]:
+    """A launcher whose four ranks are running."""
+    proc = subprocess.Popen(
+        launch_argv(live, job_id, tmp_path, "wait"),
+        cwd=tmp_path,
+        stderr=subprocess.PIPE,
+        text=True,
+        **popen,
+    )
+    deadline = time.monotonic() + 60
+    while len(list(tmp_path.glob("rank-*.json"))) < 4:
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
+    return proc
+
+
+def test_two_stop_signals_at_once_still_stop_the_ranks(live: LiveServer, tmp_path: Path) -> None:
+    """systemd sends SIGTERM and SIGHUP together: the second raised inside the first's
+    cleanup, the launcher died with a traceback, no rank was stopped and the job stayed
+    placed (a review)."""
+    proc = _started(live, tmp_path, "two-1")
+    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(signal.SIGHUP)
+    _, stderr = proc.communicate(timeout=60)
+    # whichever Python ran first (pending signals run lowest number first)
+    assert proc.returncode in (128 + signal.SIGTERM, 128 + signal.SIGHUP), stderr
+    assert "Traceback" not in stderr
+    assert len(list(tmp_path.glob("term-*"))) == 4
+    with Client(live.url) as c:
+        assert c.get_job("two-1").state == "cancelled"
+
+
+def test_a_nohup_launcher_survives_the_hangup(live: LiveServer, tmp_path: Path) -> None:
+    """`nohup lightpath launch ... &` then logging out: the launcher replaced nohup's
+    ignored SIGHUP with its own handler and cancelled the training (a review)."""
+
+    def ignore_hangup() -> None:
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+    proc = _started(live, tmp_path, "nohup-1", preexec_fn=ignore_hangup)
+    proc.send_signal(signal.SIGHUP)
+    time.sleep(1.0)
+    assert proc.poll() is None
+    with Client(live.url) as c:
+        assert c.get_job("nohup-1").state == "placed"
+    proc.send_signal(signal.SIGTERM)  # still stoppable
+    assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+    assert len(list(tmp_path.glob("term-*"))) == 4
 
 
 def test_waits_in_the_queue_with_a_progress_line(live: LiveServer, tmp_path: Path) -> None:

@@ -149,30 +149,31 @@ class Cluster:
 
     @cached_property
     def joined_pod_sets(self) -> tuple[frozenset[str], ...]:
-        """The largest sets of pods every two of which `can_join` joins directly (the
-        maximal cliques of that relation; one set, every pod, on a fabric whose OXCs
-        are each wired to every pod). A job spans only pods of one set: the
-        allocation builds a circuit between two pods only on an OXC wired to both,
-        never one relayed through a third pod that the job is not on."""
+        """Sets of pods every two of which `can_join` joins directly (one set, every pod,
+        on a fabric whose OXCs are each wired to every pod). A job spans only pods of
+        one set: the allocation builds a circuit between two pods only on an OXC wired
+        to both, never one relayed through a third pod that the job is not on.
+
+        Grown greedily from each pod (the largest pods joined to all chosen so far
+        first), not every maximal clique: their number grows exponentially with odd
+        wirings (a review's 100 pods each on 5 of 24 OXCs had 242,513; listing them
+        took 9 s), so on such a fabric a set that a search would find may be missed.
+        Polynomial: at most one set per pod."""
         ids = [p.id for p in self.pods]
         near = {a: {b for b in ids if b != a and self.can_join(a, b)} for a in ids}
-        found: list[frozenset[str]] = []
-
-        # Bron-Kerbosch with a pivot: the sets that contain `have`, grown from `maybe`,
-        # not already found with one of `done`
-        def grow(have: set[str], maybe: set[str], done: set[str]) -> None:
-            if not maybe and not done:
-                found.append(frozenset(have))
-                return
-            pivot = max(maybe | done, key=lambda p: len(near[p] & maybe))
-            for p in sorted(maybe - near[pivot], key=ids.index):
-                grow(have | {p}, maybe & near[p], done & near[p])
-                maybe = maybe - {p}
-                done = done | {p}
-
-        grow(set(), set(ids), set())
+        if all(len(near[a]) == len(ids) - 1 for a in ids):
+            return (frozenset(ids),)  # every pod joins every other (the presets)
+        size = {p.id: len(p.servers) for p in self.pods}
         order = {p: i for i, p in enumerate(ids)}
-        return tuple(sorted(found, key=lambda s: sorted(order[p] for p in s)))
+        found: set[frozenset[str]] = set()
+        for seed in ids:
+            chosen = {seed}
+            for p in sorted(near[seed], key=lambda q: (-size[q], order[q])):
+                if chosen <= near[p]:
+                    chosen.add(p)
+            found.add(frozenset(chosen))
+        kept = [s for s in found if not any(s < other for other in found)]
+        return tuple(sorted(kept, key=lambda s: sorted(order[p] for p in s)))
 
     @cached_property
     def tors_by_id(self) -> dict[str, Tor]:

@@ -912,7 +912,9 @@ def _confirmed(state: ControllerState, e: SwitchConfirmed) -> ControllerState:
             for i in cycle.installs
         )
         cycle = replace(cycle, installs=installs)
-        for w in cycle.waiting:
+        # in start order: the exposed time counted so far is a high-water mark (reports
+        # may come in out of order; a later start scored first hid an earlier's wait)
+        for w in sorted(cycle.waiting, key=lambda w: w.started_at_s):
             cycle = _score(cycle, w.plan_id, w.started_at_s, timed=w.timed)
         cycles[job_id] = replace(cycle, waiting=())
     return replace(state, confirmed=e.held, cycles=cycles)

@@ -743,3 +743,43 @@ def test_two_overlapping_sets_of_joined_pods_place_a_job_inside_one() -> None:
     state, _ = step(fresh, JobPlaced(job, placed, 0.0))
     view = network_view(state, job.job_id)
     assert view is not None and view.mode == "isolated" and view.pod_ports, view
+
+
+def test_joined_sets_of_an_oddly_wired_hundred_pods_take_polynomial_time() -> None:
+    """Every maximal clique of 100 pods each wired to 5 of 24 OXCs numbered 242,513 (9 s
+    to list, a review found) and placement walked them all per job: the sets are
+    grown greedily now, at most one per pod, each a set of pods every two of which an
+    OXC joins."""
+    import random
+
+    from app.engine.cluster import cluster_from_dict
+
+    rng = random.Random(7)
+    wired: dict[str, list[str]] = {f"oxc-{o}": [] for o in range(24)}
+    pods = []
+    for p in range(100):
+        on = rng.sample(sorted(wired), 5)
+        for o in on:
+            wired[o].append(f"pod-{p}")
+        servers = [{"id": f"pod-{p}/tor-0/srv-{k}"} for k in range(4)]
+        pods.append(
+            {
+                "id": f"pod-{p}",
+                "uplink_ports": 5,
+                "tors": [{"id": f"pod-{p}/tor-0", "servers": servers}],
+            }
+        )
+    oxcs = [
+        {"id": o, "ports": len(on), "pod_ports": {pod: [k] for k, pod in enumerate(on)}}
+        for o, on in wired.items()
+    ]
+    cluster = cluster_from_dict({"pods": pods, "oxcs": oxcs})
+    sets = cluster.joined_pod_sets
+    assert 1 <= len(sets) <= 100  # at most one per pod (every maximal clique: 10**5)
+    for s in sets:
+        assert all(cluster.can_join(a, b) for a in s for b in s if a < b)
+    job = Job("wide", Parallelism(dp=6, pp=2), FACTS)  # 12 servers: at least 3 pods
+    placed = place_job(cluster, set(cluster.server_ids), job)
+    assert isinstance(placed, Placement)
+    used = {cluster.server(x).pod_id for x in placed.servers}
+    assert all(cluster.can_join(a, b) for a in used for b in used if a < b), used
