@@ -167,20 +167,43 @@ def test_a_command_that_cannot_start_fails_the_job(
         assert c.cluster().free_servers == SMALL_SERVERS
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
-def test_a_signal_cancels_the_job_and_stops_the_ranks(
-    live: LiveServer, tmp_path: Path, signum: signal.Signals
-) -> None:
+def _default_stop_signals() -> None:
+    """In the launcher's child: the stop signals at their defaults, whatever the test
+    runner inherited (under `nohup`, or a shell's `&`, SIGHUP or SIGINT are ignored,
+    and a launcher started ignoring one keeps ignoring it)."""
+    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(s, signal.SIG_DFL)
+
+
+def _started(
+    live: LiveServer, tmp_path: Path, job_id: str, ignored: Any = None
+) -> subprocess.Popen[str]:
+    """A launcher whose four ranks are running; `ignored`: a signal it starts ignoring."""
+
+    def dispositions() -> None:
+        _default_stop_signals()
+        if ignored is not None:
+            signal.signal(ignored, signal.SIG_IGN)
+
     proc = subprocess.Popen(
-        launch_argv(live, "sig-1", tmp_path, "wait"),
+        launch_argv(live, job_id, tmp_path, "wait"),
         cwd=tmp_path,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=dispositions,
     )
     deadline = time.monotonic() + 60
     while len(list(tmp_path.glob("rank-*.json"))) < 4:
         assert proc.poll() is None and time.monotonic() < deadline
         time.sleep(0.05)
+    return proc
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
+def test_a_signal_cancels_the_job_and_stops_the_ranks(
+    live: LiveServer, tmp_path: Path, signum: signal.Signals
+) -> None:
+    proc = _started(live, tmp_path, "sig-1")
     proc.send_signal(signum)
     _, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 128 + signum, stderr
@@ -197,16 +220,7 @@ def test_a_hangup_with_the_terminal_gone_still_stops_the_ranks(
     """A closed terminal or dropped ssh session: SIGHUP, and stderr leads nowhere. The
     launcher died of the SIGHUP, leaving its ranks (in sessions of their own) running
     and the job placed until its lease ran out."""
-    proc = subprocess.Popen(
-        launch_argv(live, "hup-1", tmp_path, "wait"),
-        cwd=tmp_path,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    deadline = time.monotonic() + 60
-    while len(list(tmp_path.glob("rank-*.json"))) < 4:
-        assert proc.poll() is None and time.monotonic() < deadline
-        time.sleep(0.05)
+    proc = _started(live, tmp_path, "hup-1")
     assert proc.stderr is not None
     proc.stderr.close()
     proc.send_signal(signal.SIGHUP)
@@ -215,22 +229,6 @@ def test_a_hangup_with_the_terminal_gone_still_stops_the_ranks(
     with Client(live.url) as c:
         assert c.get_job("hup-1").state == "cancelled"
         assert c.cluster().free_servers == SMALL_SERVERS
-
-
-def _started(live: LiveServer, tmp_path: Path, job_id: str, **popen: Any) -> subprocess.Popen[str]:
-    """A launcher whose four ranks are running."""
-    proc = subprocess.Popen(
-        launch_argv(live, job_id, tmp_path, "wait"),
-        cwd=tmp_path,
-        stderr=subprocess.PIPE,
-        text=True,
-        **popen,
-    )
-    deadline = time.monotonic() + 60
-    while len(list(tmp_path.glob("rank-*.json"))) < 4:
-        assert proc.poll() is None and time.monotonic() < deadline
-        time.sleep(0.05)
-    return proc
 
 
 def test_two_stop_signals_at_once_still_stop_the_ranks(live: LiveServer, tmp_path: Path) -> None:
@@ -253,10 +251,7 @@ def test_a_nohup_launcher_survives_the_hangup(live: LiveServer, tmp_path: Path) 
     """`nohup lightpath launch ... &` then logging out: the launcher replaced nohup's
     ignored SIGHUP with its own handler and cancelled the training (a review)."""
 
-    def ignore_hangup() -> None:
-        signal.signal(signal.SIGHUP, signal.SIG_IGN)
-
-    proc = _started(live, tmp_path, "nohup-1", preexec_fn=ignore_hangup)
+    proc = _started(live, tmp_path, "nohup-1", ignored=signal.SIGHUP)
     proc.send_signal(signal.SIGHUP)
     time.sleep(1.0)
     assert proc.poll() is None
