@@ -67,6 +67,7 @@ from .collective import AggregatorLedger, choose_iteration_collective
 from .cross_connects import (
     CrossConnect,
     changed_cross_connects,
+    cross_connects_by_job,
     diff_cross_connects,
     map_cross_connects,
     port_pods,
@@ -858,16 +859,12 @@ def _jobs_changed(
 ) -> dict[str, str | None]:
     """Jobs whose cross-connects differ, with None (the caller sets what they are for)."""
     gone, added = changes
-    touched = {cc.job_id for cc in gone + added}
-    old: dict[str, set[tuple[str, int, int]]] = {}
-    new: dict[str, set[tuple[str, int, int]]] = {}
-    for cc in before:
-        if cc.job_id in touched:
-            old.setdefault(cc.job_id, set()).add(cc.key)
-    for cc in after:
-        if cc.job_id in touched:
-            new.setdefault(cc.job_id, set()).add(cc.key)
-    return {j: None for j in touched if old.get(j) != new.get(j)}
+    was, now = cross_connects_by_job(before), cross_connects_by_job(after)
+    out: dict[str, str | None] = {}
+    for j in sorted({cc.job_id for cc in gone + added}):
+        if {cc.key for cc in was.get(j, ())} != {cc.key for cc in now.get(j, ())}:
+            out[j] = None
+    return out
 
 
 def _record_installs(

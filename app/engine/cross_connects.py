@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from operator import attrgetter, is_
 
 from .circuits import PodCircuits
 from .cluster import Cluster
@@ -246,24 +247,66 @@ def _map_exact(
     return added, unmapped
 
 
+def cross_connects_by_job(
+    cross_connects: Sequence[CrossConnect],
+) -> Mapping[str, tuple[CrossConnect, ...]]:
+    """Each job's cross-connects, in their order in `cross_connects` (memoised per tuple).
+
+    A fabric of 300 jobs holds thousands of cross-connects and an event changes a few
+    jobs' of them: grouped once per tuple, comparing two tuples or finding a job's
+    cross-connects costs what the changed jobs hold, not what the fabric holds.
+    """
+    return _BY_JOB.get((cross_connects,), lambda: _group_by_job(cross_connects))
+
+
+def _group_by_job(cross_connects: Iterable[CrossConnect]) -> dict[str, tuple[CrossConnect, ...]]:
+    out: dict[str, list[CrossConnect]] = defaultdict(list)
+    for cc in cross_connects:
+        out[cc.job_id].append(cc)
+    return {job_id: tuple(ccs) for job_id, ccs in out.items()}
+
+
+# a plan's tuple is grouped when it is diffed against the one before, and again used
+# as the next plan's `current`: a handful of recent tuples is all that is asked about
+_BY_JOB: IdentityMemo[Mapping[str, tuple[CrossConnect, ...]]] = IdentityMemo(8)
+
+
 def changed_cross_connects(
     before: Sequence[CrossConnect], after: Sequence[CrossConnect]
 ) -> tuple[tuple[CrossConnect, ...], tuple[CrossConnect, ...]]:
-    """(in `before` only, in `after` only), comparing objects by identity first.
+    """(in `before` only, in `after` only), each in physical order (`CrossConnect.key`).
 
-    Plans keep the very objects of cross-connects they leave alone, so the bulk of
-    a large fabric is skipped by identity; what remains is compared by value, and
-    a cross-connect in both (equal though not the same object) is in neither.
+    Compared job by job: plans keep the very objects of jobs they leave alone, so
+    those are skipped by identity; a changed job's are compared
+    by identity, then by value (a cross-connect in both, equal though not the same
+    object, is in neither). A cross-connect belongs to one job, so equal ones are
+    always the same job's.
     """
-    before_ids = {id(cc) for cc in before}
-    after_ids = {id(cc) for cc in after}
-    gone = [cc for cc in before if id(cc) not in after_ids]
-    new = [cc for cc in after if id(cc) not in before_ids]
-    if gone and new:
-        same = set(gone) & set(new)
-        gone = [cc for cc in gone if cc not in same]
-        new = [cc for cc in new if cc not in same]
+    was, now = cross_connects_by_job(before), cross_connects_by_job(after)
+    gone: list[CrossConnect] = []
+    new: list[CrossConnect] = []
+    for job_id, old in was.items():
+        cur = now.get(job_id, ())
+        if len(cur) == len(old) and all(map(is_, cur, old)):
+            continue  # the very same objects
+        old_ids, cur_ids = {id(cc) for cc in old}, {id(cc) for cc in cur}
+        lost = [cc for cc in old if id(cc) not in cur_ids]
+        got = [cc for cc in cur if id(cc) not in old_ids]
+        if lost and got:
+            same = set(lost) & set(got)
+            lost = [cc for cc in lost if cc not in same]
+            got = [cc for cc in got if cc not in same]
+        gone += lost
+        new += got
+    for job_id, cur in now.items():
+        if job_id not in was:
+            new += cur
+    gone.sort(key=_key)
+    new.sort(key=_key)
     return tuple(gone), tuple(new)
+
+
+_key = attrgetter("oxc_id", "port_a", "port_b")  # `CrossConnect.key`, in C
 
 
 def diff_cross_connects(

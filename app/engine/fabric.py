@@ -50,6 +50,7 @@ from .cross_connects import (
     CrossConnect,
     OxcChange,
     changed_cross_connects,
+    cross_connects_by_job,
     diff_cross_connects,
     map_cross_connects,
     port_pods,
@@ -434,15 +435,14 @@ def plan_fabric(
             pass  # mapped on the allocated OXCs below
         elif installs and d.plan.circuits.total:
             wanted[job_id] = d.plan.circuits
-    moving = [cc for cc in held.cross_connects if cc.job_id not in untouched_jobs]
+    moving = [cc for j in holding - untouched_jobs for cc in held.by_job[j]]
     if moving:
         untouched = [cc for cc in held.cross_connects if cc.job_id in untouched_jobs]
         occupied = set(held.ports).difference(_ports(moving))
     else:
         untouched, occupied = list(held.cross_connects), set(held.ports)
-    exact = map_allocation(
-        cluster, allocated, (cc for cc in current if cc.job_id in allocated), occupied
-    )
+    now = cross_connects_by_job(current)
+    exact = map_allocation(cluster, allocated, _of_jobs(now, allocated), occupied)
     for job_id, *_ in exact.unmapped:
         allocated_matrix.pop(job_id, None)  # its circuits are not all where allocated
     if exact.unmapped:
@@ -455,9 +455,7 @@ def plan_fabric(
         for job_id, pairs in missing.items():
             wanted[job_id] = PodCircuits.from_pairs(pods, pairs)
     occupied.update(_ports(exact.cross_connects))
-    rest = map_cross_connects(
-        cluster, wanted, (cc for cc in current if cc.job_id in wanted), occupied
-    )
+    rest = map_cross_connects(cluster, wanted, _of_jobs(now, wanted), occupied)
     if rest.unmapped:
         # a re-planned job's kept cross-connect can hold the last port of a pod on the
         # only OXC where its other pair fits (hypothesis found one: a sharer's kept
@@ -465,10 +463,7 @@ def plan_fabric(
         # those jobs are mapped afresh (their plan changed anyway)
         short = {u[0] for u in rest.unmapped}
         fresh = map_cross_connects(
-            cluster,
-            wanted,
-            (cc for cc in current if cc.job_id in wanted and cc.job_id not in short),
-            occupied,
+            cluster, wanted, _of_jobs(now, [j for j in wanted if j not in short]), occupied
         )
         if len(fresh.unmapped) < len(rest.unmapped):
             rest = fresh
@@ -499,7 +494,12 @@ def plan_fabric(
     jobs_holding = untouched_jobs.union(cc.job_id for cc in mapping.cross_connects)
     _HELD.get(
         (cross_connects, where),
-        lambda: _Held(cross_connects, frozenset(jobs_holding), frozenset(occupied)),
+        lambda: _Held(
+            cross_connects,
+            frozenset(jobs_holding),
+            frozenset(occupied),
+            cross_connects_by_job(cross_connects),
+        ),
     )
     mlu = max((j.plan.mlu for j in out if j.slice.mode == MODE_ISOLATED), default=0.0)
     return FabricPlan(tuple(out), cross_connects, mlu, ledger, tuple(tdm), mapping.unmapped)
@@ -515,6 +515,7 @@ class _Held(NamedTuple):
     cross_connects: tuple[CrossConnect, ...]
     jobs: frozenset[str]
     ports: frozenset[tuple[str, int]]
+    by_job: Mapping[str, tuple[CrossConnect, ...]]  # `cross_connects_by_job`
 
 
 def _held(cluster: Cluster, current: tuple[CrossConnect, ...]) -> _Held:
@@ -529,7 +530,15 @@ def _find_held(where: Mapping[tuple[str, int], str], current: Iterable[CrossConn
         if (a := where.get((cc.oxc_id, cc.port_a))) is not None
         and a != where.get((cc.oxc_id, cc.port_b), a)
     )
-    return _Held(working, frozenset(cc.job_id for cc in working), frozenset(_ports(working)))
+    by_job = cross_connects_by_job(working)
+    return _Held(working, frozenset(by_job), frozenset(_ports(working)), by_job)
+
+
+def _of_jobs(
+    by_job: Mapping[str, tuple[CrossConnect, ...]], job_ids: Iterable[str]
+) -> list[CrossConnect]:
+    """These jobs' cross-connects (each job's in their order)."""
+    return [cc for j in job_ids for cc in by_job.get(j, ())]
 
 
 def _ports(cross_connects: Iterable[CrossConnect]) -> Iterator[tuple[str, int]]:

@@ -9,6 +9,8 @@ from app.engine.circuits import PodCircuits
 from app.engine.cluster import build_cluster, preset
 from app.engine.cross_connects import (
     CrossConnect,
+    changed_cross_connects,
+    cross_connects_by_job,
     diff_cross_connects,
     map_cross_connects,
     port_pods,
@@ -135,3 +137,45 @@ def test_circuits_the_greedy_switch_choice_strands_are_mapped_exactly() -> None:
     ports = [(cc.oxc_id, p) for cc in mapping.cross_connects for p in (cc.port_a, cc.port_b)]
     assert len(ports) == len(set(ports)) and not set(ports) & set(occupied)
     assert realised_circuits(cluster, mapping.cross_connects) == wanted["j2"]
+
+
+@st.composite
+def two_fabrics(draw: st.DrawFn) -> tuple[tuple[CrossConnect, ...], tuple[CrossConnect, ...]]:
+    """A fabric and the next one: some of the very objects kept, some dropped, some
+    rebuilt equal (a new object of the same value), some new."""
+    ports = draw(st.lists(st.integers(0, 40), min_size=0, max_size=30, unique=True))
+    before = tuple(
+        CrossConnect(f"oxc-{p % 3}", 2 * p, 2 * p + 1, f"job-{draw(st.integers(0, 4))}")
+        for p in ports
+    )
+    after: list[CrossConnect] = []
+    for cc in before:
+        fate = draw(st.sampled_from(["keep", "drop", "rebuild", "retag"]))
+        if fate == "keep":
+            after.append(cc)
+        elif fate == "rebuild":
+            after.append(CrossConnect(cc.oxc_id, cc.port_a, cc.port_b, cc.job_id))
+        elif fate == "retag":
+            after.append(CrossConnect(cc.oxc_id, cc.port_a, cc.port_b, "job-9"))
+    for p in draw(st.lists(st.integers(41, 60), max_size=5, unique=True)):
+        after.append(CrossConnect(f"oxc-{p % 3}", 2 * p, 2 * p + 1, f"job-{p % 6}"))
+    return before, tuple(draw(st.permutations(after)))
+
+
+@given(two_fabrics())
+@settings(max_examples=200, deadline=None)
+def test_changed_cross_connects_is_the_difference_by_value(
+    fabrics: tuple[tuple[CrossConnect, ...], tuple[CrossConnect, ...]],
+) -> None:
+    """Compared job by job (each job's cross-connects grouped once per fabric), the
+    change is still exactly what one fabric holds and the other does not, by value: a
+    cross-connect rebuilt equal is no change, one re-tagged to another job is both."""
+    before, after = fabrics
+    gone, new = changed_cross_connects(before, after)
+    assert set(gone) == set(before) - set(after)
+    assert set(new) == set(after) - set(before)
+    assert list(gone) == sorted(gone, key=lambda c: c.key)
+    assert list(new) == sorted(new, key=lambda c: c.key)
+    by_job = cross_connects_by_job(after)
+    assert sorted(cc for ccs in by_job.values() for cc in ccs) == sorted(after)
+    assert all(cc.job_id == j for j, ccs in by_job.items() for cc in ccs)
