@@ -335,8 +335,9 @@ def plan_fabric(
         if (old := prev.get(pj.job.job_id)) is not None
         and (old.placement is pj.placement or old.placement == pj.placement)
     }
+    # without an allocation, slices come out of the ports kept jobs leave free
     free = {p.id: p.uplink_ports for p in cluster.pods}
-    for jf in kept.values():
+    for jf in kept.values() if allocation is None else ():
         if jf.slice.mode == MODE_ISOLATED:
             for p, n in jf.slice.pod_ports:
                 free[p] -= n
