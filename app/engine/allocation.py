@@ -54,7 +54,7 @@ from dataclasses import dataclass, field
 
 from .circuits import PodCircuits
 from .cluster import Cluster
-from .cross_connects import CrossConnect, CrossConnectMapping, port_pods
+from .cross_connects import CrossConnect, CrossConnectMapping, physical_order, port_pods
 from .job import Job, Placement
 from .memo import IdentityMemo
 from .traffic import ALGO_RING, PHASE_DP, PHASE_PP, job_traffic
@@ -1637,20 +1637,22 @@ def map_allocation(
             need[key] += n
     used: set[tuple[str, int]] = set(occupied)
     kept: list[CrossConnect] = []
-    for cc in dict.fromkeys(current):
+    # (a repeated cross-connect finds its ports used: kept once)
+    for cc in current:
         if cc.job_id not in wanted:
             continue
-        pa, pb = where.get((cc.oxc_id, cc.port_a)), where.get((cc.oxc_id, cc.port_b))
+        o = cc.oxc_id
+        port_a, port_b = (o, cc.port_a), (o, cc.port_b)
+        pa, pb = where.get(port_a), where.get(port_b)
         if pa is None or pb is None or pa == pb:
             continue
-        key = (cc.job_id, cc.oxc_id, min(pa, pb), max(pa, pb))
-        if need.get(key, 0) <= 0:
-            continue
-        if (cc.oxc_id, cc.port_a) in used or (cc.oxc_id, cc.port_b) in used:
+        key = (cc.job_id, o, pa, pb) if pa < pb else (cc.job_id, o, pb, pa)
+        if need.get(key, 0) <= 0 or port_a in used or port_b in used:
             continue
         need[key] -= 1
         kept.append(cc)
-        used.update({(cc.oxc_id, cc.port_a), (cc.oxc_id, cc.port_b)})
+        used.add(port_a)
+        used.add(port_b)
     by_id = {o.id: o for o in cluster.oxcs}
     free: dict[tuple[str, str], list[int]] = {}
 
@@ -1675,5 +1677,5 @@ def map_allocation(
         if k < n:
             unmapped.append((job, a, b, n - k))
     return CrossConnectMapping(
-        tuple(sorted(kept + added, key=lambda c: c.key)), tuple(unmapped), len(kept), len(added)
+        tuple(sorted(kept + added, key=physical_order)), tuple(unmapped), len(kept), len(added)
     )

@@ -89,8 +89,8 @@ def port_pods(cluster: Cluster) -> dict[tuple[str, int], str]:
     )
 
 
-def _physical(cc: CrossConnect) -> tuple[str, int, int]:
-    return cc.key
+# sort key of cross-connects in physical order: `CrossConnect.key`, computed in C
+physical_order = attrgetter("oxc_id", "port_a", "port_b")
 
 
 def realised_circuits(
@@ -127,17 +127,20 @@ def map_cross_connects(
     }
     kept: list[CrossConnect] = []
     used: set[tuple[str, int]] = set(occupied)
-    for cc in dict.fromkeys(current):  # input order, duplicates dropped
-        a, b = where.get((cc.oxc_id, cc.port_a)), where.get((cc.oxc_id, cc.port_b))
-        if a is None or b is None or a == b or cc.job_id not in need:
+    for cc in current:  # in order (a repeated one finds its ports used: kept once)
+        wants = need.get(cc.job_id)
+        if wants is None:
             continue
-        if (cc.oxc_id, cc.port_a) in used or (cc.oxc_id, cc.port_b) in used:
+        port_a, port_b = (cc.oxc_id, cc.port_a), (cc.oxc_id, cc.port_b)
+        a, b = where.get(port_a), where.get(port_b)
+        if a is None or b is None or a == b or port_a in used or port_b in used:
             continue
-        pair = (a, b) if (a, b) in need[cc.job_id] else (b, a)
-        if need[cc.job_id].get(pair, 0) > 0:
-            need[cc.job_id][pair] -= 1
+        pair = (a, b) if (a, b) in wants else (b, a)
+        if wants.get(pair, 0) > 0:
+            wants[pair] -= 1
             kept.append(cc)
-            used.update({(cc.oxc_id, cc.port_a), (cc.oxc_id, cc.port_b)})
+            used.add(port_a)
+            used.add(port_b)
     free: dict[tuple[str, str], list[int]] = defaultdict(list)
     short = {pod for job in need.values() for pair, n in job.items() if n > 0 for pod in pair}
     for o in cluster.oxcs:
@@ -156,7 +159,7 @@ def map_cross_connects(
         if exact is not None and len(exact[1]) < len(unmapped):
             added, unmapped = exact
     return CrossConnectMapping(
-        tuple(sorted(kept + added, key=_physical)), tuple(unmapped), len(kept), len(added)
+        tuple(sorted(kept + added, key=physical_order)), tuple(unmapped), len(kept), len(added)
     )
 
 
@@ -301,12 +304,9 @@ def changed_cross_connects(
     for job_id, cur in now.items():
         if job_id not in was:
             new += cur
-    gone.sort(key=_key)
-    new.sort(key=_key)
+    gone.sort(key=physical_order)
+    new.sort(key=physical_order)
     return tuple(gone), tuple(new)
-
-
-_key = attrgetter("oxc_id", "port_a", "port_b")  # `CrossConnect.key`, in C
 
 
 def diff_cross_connects(

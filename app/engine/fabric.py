@@ -25,7 +25,6 @@ import math
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from operator import attrgetter
 from typing import NamedTuple
 
 from .allocation import (
@@ -53,6 +52,7 @@ from .cross_connects import (
     cross_connects_by_job,
     diff_cross_connects,
     map_cross_connects,
+    physical_order,
     port_pods,
     realised_circuits,
 )
@@ -488,7 +488,7 @@ def plan_fabric(
         if real is None:
             real = realised_circuits(cluster, by_job.get(job_id, ()), job_id)
         out.append(_finish(cluster, d, real))
-    cross_connects = tuple(sorted(untouched + list(mapping.cross_connects), key=_physical_order))
+    cross_connects = tuple(sorted(untouched + list(mapping.cross_connects), key=physical_order))
     # every one of them is on working ports between two pods: the next plan, which
     # starts from them, need not look again
     occupied.update(_ports(rest.cross_connects))
@@ -504,9 +504,6 @@ def plan_fabric(
     )
     mlu = max((j.plan.mlu for j in out if j.slice.mode == MODE_ISOLATED), default=0.0)
     return FabricPlan(tuple(out), cross_connects, mlu, ledger, tuple(tdm), mapping.unmapped)
-
-
-_physical_order = attrgetter("oxc_id", "port_a", "port_b")  # as CrossConnect.key, in C
 
 
 class _Held(NamedTuple):
