@@ -116,7 +116,8 @@ async def _on_http(_request: Request, exc: Exception) -> JSONResponse:
         return problem_response(
             400,
             "Malformed JSON",
-            "the request body is not valid JSON (not UTF-8 text, or nested too deeply)",
+            "the request body is not valid JSON (not UTF-8 text, nested too deeply, or an integer"
+            " of more than 4,300 digits)",
             kind="malformed-json",
         )
     titles = {404: "Not found", 405: "Method not allowed", 401: "Unauthorized"}

@@ -93,6 +93,10 @@ def test_malformed_json_and_wrong_media_are_4xx(server: LiveServer) -> None:
             r = c.post("/v1/jobs", content=raw, headers={"content-type": "application/json"})
             assert r.status_code == 400, (raw[:20], r.status_code)
             assert r.json()["type"].endswith("/malformed-json"), r.json()
+        # an integer longer than Python's int parser takes says so
+        raw = b'{"job_id": "long", "model": {"parameters": ' + b"9" * 5000 + b"}}"
+        r = c.post("/v1/jobs", content=raw, headers={"content-type": "application/json"})
+        assert r.status_code == 400 and "4,300 digits" in r.json()["detail"], r.text
         assert c.get("/v1/jobs").json()["jobs"] == []
 
 
