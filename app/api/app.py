@@ -5,7 +5,14 @@ from __future__ import annotations
 from fastapi import FastAPI
 
 from .deps import Services
-from .middleware import BodyLimit, CachedJobViews, JsonBodies, RequestTiming, TokenFirst
+from .middleware import (
+    BodyLimit,
+    CachedJobViews,
+    HeadAsGet,
+    JsonBodies,
+    RequestTiming,
+    TokenFirst,
+)
 from .openapi import install_openapi_and_docs
 from .problems import install_problem_handlers
 from .routes import advice, fabric, jobs, ops, telemetry
@@ -54,6 +61,7 @@ def create_app(services: Services) -> FastAPI:
     app.add_middleware(JsonBodies)
     app.add_middleware(BodyLimit, max_bytes=services.settings.max_body_bytes)
     app.add_middleware(TokenFirst, services=services)  # 401 before any body check
+    app.add_middleware(HeadAsGet)  # outside the cached views, which serve GET
     app.add_middleware(RequestTiming, metrics=metrics)
 
     install_openapi_and_docs(app)

@@ -1,4 +1,4 @@
-"""ASGI middleware: request body limit, request latency metrics, cached job views."""
+"""ASGI middleware: request body limit, request latency metrics, cached job views, HEAD."""
 
 from __future__ import annotations
 
@@ -130,6 +130,29 @@ class JsonBodies:
                 await response(scope, receive, send)
                 return
         await self.app(scope, receive, send)
+
+
+class HeadAsGet:
+    """HEAD answers as GET would, without the body (RFC 9110 section 9.3.2: a server
+    that answers GET answers HEAD). The GET routes and the cached job views serve it;
+    the headers, Content-Length included, are GET's."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "HEAD":
+            await self.app(scope, receive, send)
+            return
+
+        async def headers_only(message: Message) -> None:
+            if message["type"] == "http.response.body":
+                if message.get("more_body", False):
+                    return
+                message = {"type": "http.response.body", "body": b"", "more_body": False}
+            await send(message)
+
+        await self.app(dict(scope, method="GET"), receive, headers_only)
 
 
 class RequestTiming:

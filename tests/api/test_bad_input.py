@@ -233,6 +233,25 @@ def test_unknown_route_and_method_are_problems(server: LiveServer) -> None:
         assert r.headers["content-type"] == "application/problem+json"
 
 
+def test_head_answers_as_get_without_a_body(server: LiveServer) -> None:
+    """HEAD was 405 on every route (RFC 9110: a server that answers GET answers HEAD)."""
+    with server.client() as c:
+        assert c.post("/v1/jobs", json=GOOD).status_code in (201, 202)
+        for path in ("/v1/jobs/ok", "/v1/jobs", "/v1/cluster", "/healthz", "/v1/jobs/nope"):
+            got = c.get(path)
+            while (again := c.get(path)).content != got.content:  # the worker is still at it
+                got = again
+            head = c.head(path)
+            assert head.status_code == got.status_code, (path, head.status_code)
+            assert head.content == b"", path
+            assert head.headers["content-type"] == got.headers["content-type"], path
+            assert head.headers["content-length"] == str(len(got.content)), path
+        # a route without GET still says which methods it has
+        r = c.head("/v1/jobs/ok/complete")
+        assert r.status_code == 405 and r.content == b""
+        assert c.get("/v1/jobs/ok").json()["state"] == "placed"
+
+
 def test_a_trailing_slash_is_a_404_problem_not_a_redirect(server: LiveServer) -> None:
     with server.client() as c:
         assert c.post("/v1/jobs", json=GOOD).status_code in (201, 202)
