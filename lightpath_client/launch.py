@@ -314,12 +314,16 @@ def launch(
     # LIGHTPATH_GPUS_PER_SERVER are the cluster's, not an assumed 8
     gpus_per_server = client.cluster().gpus_per_server
     # a signal the launcher was started ignoring stays ignored (`nohup` ignores
-    # SIGHUP, a shell's `&` SIGINT): a logout must not cancel a nohup'd job
+    # SIGHUP, a shell's `&` SIGINT): a logout must not cancel a nohup'd job. One
+    # it was started with blocked is unblocked: exec keeps a parent's signal mask
+    # (a CI harness ran us with SIGINT blocked), and a blocked Ctrl-C never cancels
     previous = {
         s: signal.signal(s, _raise_stop)
         for s in STOP_SIGNALS
         if signal.getsignal(s) is not signal.SIG_IGN
     }
+    blocked = set(previous) & signal.pthread_sigmask(signal.SIG_BLOCK, ())
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, blocked)
     procs: list[subprocess.Popen[bytes]] = []
     heartbeat: Heartbeat | None = None
     try:
@@ -404,6 +408,7 @@ def launch(
             heartbeat.stop.set()
         for s, handler in previous.items():
             signal.signal(s, handler)
+        signal.pthread_sigmask(signal.SIG_BLOCK, blocked)
 
 
 def _cannot_start(runner: str, command: Sequence[str], exc: OSError) -> tuple[int, str]:

@@ -168,22 +168,27 @@ def test_a_command_that_cannot_start_fails_the_job(
 
 
 def _default_stop_signals() -> None:
-    """In the launcher's child: the stop signals at their defaults, whatever the test
-    runner inherited (under `nohup`, or a shell's `&`, SIGHUP or SIGINT are ignored,
-    and a launcher started ignoring one keeps ignoring it)."""
-    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    """In the launcher's child: the stop signals at their defaults and unblocked,
+    whatever the test runner inherited (under `nohup`, or a shell's `&`, SIGHUP or
+    SIGINT are ignored, and a launcher started ignoring one keeps ignoring it)."""
+    stop = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    for s in stop:
         signal.signal(s, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, stop)
 
 
 def _started(
-    live: LiveServer, tmp_path: Path, job_id: str, ignored: Any = None
+    live: LiveServer, tmp_path: Path, job_id: str, ignored: Any = None, blocked: Any = None
 ) -> subprocess.Popen[str]:
-    """A launcher whose four ranks are running; `ignored`: a signal it starts ignoring."""
+    """A launcher whose four ranks are running; `ignored`: a signal it starts ignoring,
+    `blocked`: one it starts with blocked."""
 
     def dispositions() -> None:
         _default_stop_signals()
         if ignored is not None:
             signal.signal(ignored, signal.SIG_IGN)
+        if blocked is not None:
+            signal.pthread_sigmask(signal.SIG_BLOCK, {blocked})
 
     proc = subprocess.Popen(
         launch_argv(live, job_id, tmp_path, "wait"),
@@ -229,6 +234,20 @@ def test_a_hangup_with_the_terminal_gone_still_stops_the_ranks(
     with Client(live.url) as c:
         assert c.get_job("hup-1").state == "cancelled"
         assert c.cluster().free_servers == SMALL_SERVERS
+
+
+def test_a_launcher_started_with_sigint_blocked_still_cancels_on_it(
+    live: LiveServer, tmp_path: Path
+) -> None:
+    """exec keeps the parent's signal mask: a CI harness ran the launcher with SIGINT
+    blocked, and the SIGINT it was sent waited forever while the job stayed placed."""
+    proc = _started(live, tmp_path, "blk-1", blocked=signal.SIGINT)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGINT, stderr
+    assert len(list(tmp_path.glob("term-*"))) == 4
+    with Client(live.url) as c:
+        assert c.get_job("blk-1").state == "cancelled"
 
 
 def test_two_stop_signals_at_once_still_stop_the_ranks(live: LiveServer, tmp_path: Path) -> None:
