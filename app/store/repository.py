@@ -26,7 +26,7 @@ from sqlalchemy import (
     text,
     update,
 )
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import IntegrityError, OperationalError
 
 from app.engine.job import JobState, Placement
 from app.engine.job_lease import LEASE_EXPIRED, JobLease
@@ -441,8 +441,15 @@ class Store:
                     "AdmitJob not sent; left to the relay",
                     extra={"error": f"{type(exc).__name__}: {exc}"},
                 )
-                with self.write_engine.begin() as conn:
-                    add_outbox(conn, "jobs", event, now)
+                try:
+                    with self.write_engine.begin() as conn:
+                        add_outbox(conn, "jobs", event, now)
+                except OperationalError as lost:
+                    # the job is committed: only the wake-up is lost (see above)
+                    log.warning(
+                        "AdmitJob not kept for the relay; the worker's tick finds the job",
+                        extra={"error": type(lost).__name__},
+                    )
         record = JobRecord(
             job_id=job_id,
             state=JobState.QUEUED.value,

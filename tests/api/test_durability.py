@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import pytest
+from sqlalchemy.exc import OperationalError
+
 from app.settings import Settings
 from tests.support import LiveServer
 
@@ -44,3 +47,33 @@ def test_placed_and_queued_jobs_survive_a_restart(settings: Settings) -> None:
             assert placements == ["p", "q"]
     finally:
         second.stop()
+
+
+def test_a_failed_read_after_the_commit_answers_the_stored_job_not_503(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fault sweep killed pooled PostgreSQL connections: POST /v1/jobs answered 503
+    "nothing was done" for jobs it had stored (13 of 33), when the read of the first
+    decision, after the commit, met a dead connection. The job was accepted: 202."""
+    live = LiveServer(settings)
+    live.start()
+    try:
+        assert live.runtime is not None
+        store = live.runtime.services.store
+
+        def dropped(*_args: object) -> None:
+            raise OperationalError("SELECT", {}, Exception("server closed the connection"))
+
+        monkeypatch.setattr(store, "job_and_free_servers", dropped)
+        with live.client() as c:
+            r = c.post("/v1/jobs", json={"job_id": "kept", "parallelism": {"dp": 2, "pp": 1}})
+            assert r.status_code == 202, r.text
+            assert r.json()["job_id"] == "kept"
+            assert r.json()["state"] == "queued"
+            monkeypatch.undo()
+            assert c.get("/v1/jobs/kept").json()["state"] in ("queued", "placed")
+            # the retry a client makes anyway is idempotent: the job as it stands
+            again = c.post("/v1/jobs", json={"job_id": "kept", "parallelism": {"dp": 2, "pp": 1}})
+            assert again.status_code == 200, again.text
+    finally:
+        live.stop()

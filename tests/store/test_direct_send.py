@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 from sqlalchemy import select
+from sqlalchemy.exc import OperationalError
 
 from app.bus import InProcessBus
 from app.bus.messages import AdmitJob
@@ -109,3 +110,23 @@ def test_the_relay_says_once_that_the_bus_is_down_and_once_that_it_is_back(
         "event bus reachable again; outbox relayed",
     ]
     assert all(r.exc_info is None for r in caplog.records if r.name == "lightpath.relay")
+
+
+def test_a_dropped_connection_after_a_failed_send_still_answers_the_stored_job(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The job is committed before the send: when the outbox row for the relay cannot
+    be written either (the database went away), the submit raised and the API
+    answered 503 "nothing was done" for a stored job. Only the wake-up is lost: the
+    worker's tick reads queued rows."""
+
+    def bus_down(_message: Any) -> None:
+        raise ConnectionError("bus down")
+
+    def database_gone(*_args: Any) -> None:
+        raise OperationalError("INSERT", {}, Exception("server closed the connection"))
+
+    monkeypatch.setattr("app.store.repository.add_outbox", database_gone)
+    _submit(store, "j3", bus_down)
+    job = store.get_job("j3")
+    assert job is not None and job.state == "queued"

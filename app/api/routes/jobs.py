@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
+import logging
 import time
 from dataclasses import replace
 from functools import partial
@@ -20,9 +21,10 @@ from urllib.parse import quote
 
 from fastapi import APIRouter, Body, Path, Query, Request
 from fastapi.responses import JSONResponse, Response
+from sqlalchemy.exc import OperationalError
 from starlette.concurrency import run_in_threadpool
 
-from app.engine.job import JobState
+from app.engine.job import Job, JobState
 from app.engine.job_lease import JobLease, lease_deadline
 from app.engine.placement import never_fits
 from app.engine.queue import needs_servers
@@ -34,6 +36,8 @@ from ..problems import Problem
 from ..schemas import EmptyIn, FailIn, JobListOut, JobOut
 from ..waiters import Watch
 from .advice import refuse_if_out_of_memory
+
+log = logging.getLogger("lightpath.api")
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
@@ -243,27 +247,16 @@ async def submit_job(
         if sender is None:
             services.kick_relay()
         stored = time.perf_counter()
-        # too few servers are free for it: it is queued now, whatever a scheduling pass
-        # would add; answered without waiting for one (the worker still gets its message)
-        now, free = await run_in_threadpool(
-            services.store.job_and_free_servers, job.job_id, services.cluster.server_count
-        )
-        settled: JobRecord | None
-        if now is not None and now.state == "queued" and free < engine_job.servers_needed:
-            settled = replace(
-                now,
-                queue_reason=now.queue_reason or needs_servers(engine_job.servers_needed, free),
+        try:
+            settled = await _first_decision(services, record, engine_job, placed)
+        except OperationalError as exc:
+            # the job is stored: a read after the commit that fails (a dropped pooled
+            # connection) must not answer 503 "nothing was done"; the job as written
+            log.warning(
+                "job stored; its first decision not read",
+                extra={"job_id": job.job_id, "error": type(exc).__name__},
             )
-        else:
-            settled = await wait_for_job(
-                services,
-                job.job_id,
-                lambda r: r.state != "queued" or r.examined,
-                services.settings.admit_wait_s,
-                known=now or record,
-                watch=placed,
-            )
-    assert settled is not None
+            settled = record
     decided = time.perf_counter()
     return JSONResponse(
         render_job(settled),
@@ -275,6 +268,31 @@ async def submit_job(
             f"decide;dur={(decided - stored) * 1000:.1f}",
         },
     )
+
+
+async def _first_decision(
+    services: Services, record: JobRecord, engine_job: Job, placed: Watch
+) -> JobRecord:
+    """The new job after the scheduler's first look, waited for at most
+    `admit_wait_s`; at once when too few servers are free for it (it is queued
+    whatever a pass would add; the worker still gets its message)."""
+    job_id = record.job_id
+    now, free = await run_in_threadpool(
+        services.store.job_and_free_servers, job_id, services.cluster.server_count
+    )
+    if now is not None and now.state == "queued" and free < engine_job.servers_needed:
+        return replace(
+            now, queue_reason=now.queue_reason or needs_servers(engine_job.servers_needed, free)
+        )
+    settled = await wait_for_job(
+        services,
+        job_id,
+        lambda r: r.state != "queued" or r.examined,
+        services.settings.admit_wait_s,
+        known=now or record,
+        watch=placed,
+    )
+    return settled or record
 
 
 @router.get(
