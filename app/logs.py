@@ -1,18 +1,30 @@
 """Structured logs: one JSON object per line, with job id and decision seq when known.
 
-Secrets never reach a log line: settings hold tokens as SecretStr, and request
-headers are not logged.
+Secrets never reach a log line: settings hold tokens as SecretStr, request
+headers are not logged, and a URL's password (`scheme://user:password@host`, as
+in LIGHTPATH_SOUTHBOUND_URL or LIGHTPATH_DATABASE_URL) is masked in every line,
+whichever library wrote it.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 import time
 from typing import Any
 
 _STANDARD = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message", "asctime"}
+
+
+# the password of a URL's userinfo; the user name stays (it says which account)
+_URL_PASSWORD = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^/\s:@]*):[^/\s@]*@")
+
+
+def mask_url_passwords(text: str) -> str:
+    """`http://ops:hunter2@oxc` -> `http://ops:***@oxc`."""
+    return _URL_PASSWORD.sub(r"\g<head>:***@", text) if "@" in text else text
 
 
 class JsonFormatter(logging.Formatter):
@@ -29,7 +41,7 @@ class JsonFormatter(logging.Formatter):
                 entry[key] = value
         if record.exc_info:
             entry["error"] = self.formatException(record.exc_info)
-        return json.dumps(entry, default=str)
+        return mask_url_passwords(json.dumps(entry, default=str))
 
 
 def configure_logging(level: str) -> None:
@@ -38,5 +50,6 @@ def configure_logging(level: str) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
-    for noisy in ("uvicorn.access", "alembic.runtime.plugins"):
+    # httpx logs every southbound request at INFO (URL and all): hundreds a second
+    for noisy in ("uvicorn.access", "alembic.runtime.plugins", "httpx", "httpcore"):
         logging.getLogger(noisy).setLevel(logging.WARNING)

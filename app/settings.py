@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Literal
+from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -135,9 +136,22 @@ class Settings(BaseSettings):
         """Accept plain `postgresql://` and pick the psycopg 3 driver ourselves."""
         for prefix in ("postgresql://", "postgres://", "postgresql+psycopg2://"):
             if value.startswith(prefix):
-                return "postgresql+psycopg://" + value[len(prefix) :]
+                value = "postgresql+psycopg://" + value[len(prefix) :]
         if not value.startswith(("postgresql+psycopg://", "sqlite://")):
             raise ValueError("database_url must be postgresql://... or sqlite:///...")
+        if value.startswith("postgresql"):
+            _check_url_host(value)
+            _check_libpq_options(urlsplit(value).query)
+        return value
+
+    @field_validator("redis_url")
+    @classmethod
+    def _check_redis_url(cls, value: str | None) -> str | None:
+        if value is None or not value.strip():
+            return None
+        if not value.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError("redis_url must be redis://, rediss:// or unix://...")
+        _check_url_host(value)
         return value
 
     @field_validator("api_tokens")
@@ -173,6 +187,29 @@ class Settings(BaseSettings):
         if self.api_tokens is None:
             return {}
         return parse_tokens(self.api_tokens.get_secret_value())
+
+
+def _check_url_host(url: str) -> None:
+    """A host and port that parse (messages never repeat the URL: it may hold a password)."""
+    try:
+        _ = urlsplit(url).port  # parsed on access
+    except ValueError as exc:
+        if "IPv6" in str(exc):
+            raise ValueError("the host is a malformed IPv6 address (a missing ']')") from None
+        raise ValueError("the port must be an integer from 0 to 65535") from None
+
+
+def _check_libpq_options(query: str) -> None:
+    """Query parameters PostgreSQL's client library knows (`sslmode`, ...), or the
+    first connection failed with a traceback."""
+    if not query:
+        return
+    from psycopg import conninfo
+
+    try:  # parsed on their own: libpq's message may quote the URL it was given
+        conninfo.conninfo_to_dict(f"postgresql:///?{query}")
+    except Exception as exc:  # psycopg.ProgrammingError
+        raise ValueError(f"libpq refuses a query parameter: {str(exc).strip()}") from None
 
 
 def parse_tokens(raw: str) -> dict[str, str]:

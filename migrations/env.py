@@ -12,8 +12,10 @@ config = context.config
 
 
 def run_migrations_online() -> None:
-    url = config.attributes.get("database_url") or Settings().database_url
-    engine = create_db_engine(Settings(database_url=url))
+    # the settings `lightpath migrate` checked, not the environment read again
+    settings = config.attributes.get("settings") or Settings()
+    url = settings.database_url
+    engine = create_db_engine(settings)
     with engine.connect() as connection:
         context.configure(
             connection=connection,

@@ -70,6 +70,36 @@ def test_an_unreachable_database_is_one_error_line_not_a_traceback() -> None:
     assert "Traceback" not in result.stderr and "pw-not-printed" not in result.stderr
 
 
+@pytest.mark.parametrize(
+    ("variable", "url", "rule"),
+    [
+        ("DATABASE_URL", "postgresql://ops:pw-not-printed@db:notaport/x", "port must be"),
+        ("DATABASE_URL", "postgresql://ops:pw-not-printed@[::1/x", "malformed IPv6"),
+        ("DATABASE_URL", "postgresql://ops:pw-not-printed@db/x?bogus=1", '"bogus"'),
+        ("REDIS_URL", "redis://:pw-not-printed@cache:99999/0", "port must be"),
+    ],
+)
+def test_a_malformed_url_setting_names_the_variable_and_the_rule_not_its_value(
+    variable: str, url: str, rule: str
+) -> None:
+    """A fault sweep: a bad port, an unclosed IPv6 bracket or a query parameter libpq
+    refuses was a traceback from deep in `migrate` and `api`, after the settings said
+    the URL was fine (the promise: the variable and the rule, never the value)."""
+    env = {**os.environ, f"LIGHTPATH_{variable}": url}
+    result = subprocess.run(
+        [sys.executable, "-m", "app.cli", "migrate"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert lines[0] == "error: invalid LIGHTPATH_* setting:", result.stderr
+    assert lines[1].startswith(f"  LIGHTPATH_{variable}: ") and rule in lines[1], result.stderr
+    assert len(lines) == 2 and "pw-not-printed" not in result.stderr
+
+
 def test_unknown_algorithm_is_refused() -> None:
     result = _run("predict", "--algorithm", "oracle", "P")
     assert result.returncode == 2

@@ -21,7 +21,7 @@ MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "migrations"
 def alembic_config(settings: Settings) -> Config:
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS_DIR))
-    config.attributes["database_url"] = settings.database_url
+    config.attributes["settings"] = settings
     return config
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import random
 import socket
 from collections.abc import Callable
@@ -10,6 +11,7 @@ import httpx
 import pytest
 
 from app.engine.cluster import Cluster
+from app.logs import configure_logging
 from app.southbound.driver import HttpDriver, SouthboundDriver
 from app.southbound.errors import (
     CommandRefused,
@@ -203,3 +205,28 @@ def test_reconcile_over_http_with_faults_and_a_failed_port(
     for oxc_id, pairs in desired.items():
         held = mock.switches[oxc_id].inspect().cross_connects
         assert held == {(a, b) for a, b, _ in pairs} - {(4, 20)}
+
+
+def test_a_password_in_the_southbound_url_never_reaches_a_log_line(
+    mock: ServedMockOxc, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A fault sweep found `LIGHTPATH_SOUTHBOUND_URL=http://user:pw@host` printed in
+    full by httpx's INFO line for every request."""
+    root = logging.getLogger()
+    saved = root.handlers[:], root.level
+    quiet = {name: logging.getLogger(name).level for name in ("httpx", "httpcore")}
+    configure_logging("debug")
+    try:
+        url = mock.url.replace("http://", "http://ops:hunter2@")
+        with HttpDriver(url) as driver:
+            assert driver.list_oxcs() == ["oxc-0", "oxc-1"]
+        logging.getLogger("httpx").warning("HTTP Request: GET %s/oxcs", url)
+        logging.getLogger("lightpath.test").info("switches at %s", url)
+    finally:
+        root.handlers[:], level = saved
+        root.setLevel(level)
+        for name, was in quiet.items():
+            logging.getLogger(name).setLevel(was)
+    err = capsys.readouterr().err
+    assert "hunter2" not in err
+    assert err.count("ops:***@") == 2, err
