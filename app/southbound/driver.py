@@ -34,6 +34,7 @@ from .errors import (
     SwitchFault,
     SwitchProtocolError,
     SwitchTimeout,
+    SwitchUnauthorized,
     SwitchUnreachable,
     UnknownSwitch,
     error_class_for_problem_type,
@@ -139,6 +140,8 @@ class InProcessDriver:
 # Status codes a problem+json answer may carry without a `type` we know.
 _ERROR_FOR_STATUS: dict[int, type[SouthboundError]] = {
     400: CommandRefused,
+    401: SwitchUnauthorized,
+    403: SwitchUnauthorized,
     404: UnknownSwitch,
     409: CommandRefused,
     422: CommandRefused,

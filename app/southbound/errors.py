@@ -21,6 +21,7 @@ Hierarchy::
         │   └── RequestIdReused
         ├── StaleToken
         ├── UnknownSwitch
+        ├── SwitchUnauthorized
         └── SwitchProtocolError
 
 Every class carries a stable `code` (the suffix of the problem+json `type` the
@@ -133,6 +134,13 @@ class UnknownSwitch(TerminalError):
     """No OXC with that id behind this driver."""
 
     code = "unknown-switch"
+
+
+class SwitchUnauthorized(TerminalError):
+    """The switch refused our credentials (HTTP 401/403): LIGHTPATH_SOUTHBOUND_TOKEN
+    is missing or not the one the switches expect. No retry can succeed."""
+
+    code = "unauthorized"
 
 
 class SwitchProtocolError(TerminalError):

@@ -59,6 +59,7 @@ from .errors import (
     StaleToken,
     SwitchFault,
     SwitchTimeout,
+    SwitchUnauthorized,
     UnknownSwitch,
 )
 from .switch import OpticalSwitch, switches_for_cluster
@@ -215,7 +216,10 @@ def create_mock_oxc_app(
             presented = request.headers.get("authorization", "").encode()
             if not hmac.compare_digest(presented, expected):
                 return _problem(
-                    401, "Unauthorized", "a valid bearer token is required", "unauthorized"
+                    401,
+                    "Unauthorized",
+                    "a valid bearer token is required",
+                    PROBLEM_TYPE_PREFIX + SwitchUnauthorized.code,
                 )
             return await call_next(request)
 

@@ -6,9 +6,12 @@ import os
 import subprocess
 import sys
 
+import pytest
 from fastapi.testclient import TestClient
 
 from app.engine.cluster import preset
+from app.southbound.driver import HttpDriver
+from app.southbound.errors import SwitchUnauthorized
 from app.southbound.mock_oxc import create_mock_oxc_app
 
 
@@ -36,3 +39,18 @@ def test_binding_all_addresses_without_a_token_is_refused() -> None:
     )
     assert done.returncode == 2
     assert b"LIGHTPATH_SOUTHBOUND_TOKEN" in done.stderr
+
+
+def test_the_driver_names_a_refused_token_as_such() -> None:
+    """A 401 from the switches was a `protocol-error` ("a bug on one side"); it is the
+    operator's token that is wrong, and no retry helps."""
+    app = create_mock_oxc_app(preset("small"), token="t0ken-for-tests")
+    with TestClient(app, base_url="http://mock") as c:
+        for token in (None, "wrong"):
+            driver = HttpDriver("http://mock", transport=c._transport, token=token)
+            with pytest.raises(SwitchUnauthorized) as refused:
+                driver.list_oxcs()
+            assert refused.value.code == "unauthorized" and not refused.value.is_transient
+            assert "HTTP 401" in str(refused.value)
+        driver = HttpDriver("http://mock", transport=c._transport, token="t0ken-for-tests")
+        assert "oxc-0" in driver.list_oxcs()
