@@ -50,19 +50,22 @@ def test_seed_fails_on_a_nested_pattern_where_lightpath_learns() -> None:
     assert misses["lightpath"] < misses["seed"]
 
 
-def test_an_unreachable_database_is_one_error_line_not_a_traceback() -> None:
-    # `lightpath migrate` (and serve) printed a 500-line traceback for a database that
-    # is down, named wrongly or refuses the user; the password is never printed
-    env = {
-        **os.environ,
-        "LIGHTPATH_DATABASE_URL": "postgresql://postgres:pw-not-printed@127.0.0.1:1/nowhere",
-    }
-    result = subprocess.run(
+def _migrate_with(**env: str) -> subprocess.CompletedProcess[str]:
+    """`lightpath migrate` with these settings on top of the environment."""
+    return subprocess.run(
         [sys.executable, "-m", "app.cli", "migrate"],
         capture_output=True,
         text=True,
         timeout=120,
-        env=env,
+        env={**os.environ, **env},
+    )
+
+
+def test_an_unreachable_database_is_one_error_line_not_a_traceback() -> None:
+    # `lightpath migrate` (and serve) printed a 500-line traceback for a database that
+    # is down, named wrongly or refuses the user; the password is never printed
+    result = _migrate_with(
+        LIGHTPATH_DATABASE_URL="postgresql://postgres:pw-not-printed@127.0.0.1:1/nowhere"
     )
     assert result.returncode == 1, result.stderr
     assert result.stderr.startswith("error: cannot reach the database: "), result.stderr
@@ -85,14 +88,7 @@ def test_a_malformed_url_setting_names_the_variable_and_the_rule_not_its_value(
     """A fault sweep: a bad port, an unclosed IPv6 bracket or a query parameter libpq
     refuses was a traceback from deep in `migrate` and `api`, after the settings said
     the URL was fine (the promise: the variable and the rule, never the value)."""
-    env = {**os.environ, f"LIGHTPATH_{variable}": url}
-    result = subprocess.run(
-        [sys.executable, "-m", "app.cli", "migrate"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-    )
+    result = _migrate_with(**{f"LIGHTPATH_{variable}": url})
     assert result.returncode == 2, result.stderr
     lines = result.stderr.strip().splitlines()
     assert lines[0] == "error: invalid LIGHTPATH_* setting:", result.stderr
