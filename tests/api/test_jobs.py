@@ -133,6 +133,19 @@ def test_full_cluster_queues_then_admits_on_completion(server: LiveServer) -> No
         assert placed.json()["placed_at"] is not None
 
 
+def test_waiting_for_placed_answers_with_the_fabric_plan(server: LiveServer) -> None:
+    """A contract sweep: the 201 and a `wait_for=placed` read right after it carried
+    `collective` and `network` null (the fabric pass plans the job tens of ms after
+    its placement), so a launcher reading `network.mode` there found nothing."""
+    with server.client() as c:
+        for name, dp, pp in (("solo", 1, 1), ("wide", 4, 4), ("mid", 2, 2)):
+            assert c.post("/v1/jobs", json=job(name, dp=dp, pp=pp)).status_code == 201
+            r = c.get(f"/v1/jobs/{name}", params={"wait_for": "placed", "timeout_s": 10})
+            assert r.json()["state"] == "placed"
+            assert r.json()["collective"]["algorithm"], r.text
+            assert r.json()["network"]["mode"] in ("isolated", "shared", "electrical", "none")
+
+
 def test_unknown_job_is_404_problem(server: LiveServer) -> None:
     with server.client() as c:
         for r in (c.get("/v1/jobs/nope"), c.post("/v1/jobs/nope/complete")):

@@ -14,6 +14,7 @@ import hashlib
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from functools import partial
 from typing import Annotated, Any, Literal
@@ -310,7 +311,8 @@ async def get_job(
         Literal["placed", "completed", "failed", "cancelled"] | None,
         Query(
             description="answer as soon as the job reaches this state or later (any ended "
-            "state counts for completed, failed and cancelled); may answer earlier, at "
+            "state counts for completed, failed and cancelled; `placed` also waits, at most "
+            "2 s, for the fabric pass's `collective` and `network`); may answer earlier, at "
             "timeout_s, with the state then: loop until the state or your own deadline"
         ),
     ] = None,
@@ -329,14 +331,36 @@ async def get_job(
             cache.put(job_id, view, generation)
             return Response(view, media_type="application/json")
     else:
-        target = _STATE_RANK[wait_for]
-        record = await wait_for_job(
-            services, job_id, lambda r: _STATE_RANK[r.state] >= target, timeout_s
-        )
+        record = await wait_for_job(services, job_id, _reached(wait_for), timeout_s)
         services.read_cache.invalidate([job_id])  # this read is newer than any cached view
     if record is None:
         raise Problem(404, "Not found", f"no job {job_id}", kind="unknown-job")
     return JSONResponse(render_job(record))
+
+
+# a just-placed job's `collective` and `network` come from the fabric pass tens of
+# milliseconds after its placement: `wait_for=placed` waits this long for them
+PLAN_WAIT_S = 2.0
+
+
+def _reached(wait_for: str) -> Callable[[JobRecord], bool]:
+    """Whether a record answers `wait_for`: that state or a later one; for `placed`,
+    with the fabric pass's plan (`collective`, `network`) or after PLAN_WAIT_S
+    without it (a fabric process that is down must not hold the launcher)."""
+    target = _STATE_RANK[wait_for]
+    placed_seen: float | None = None
+
+    def reached(record: JobRecord) -> bool:
+        nonlocal placed_seen
+        if _STATE_RANK[record.state] < target:
+            return False
+        if wait_for != "placed" or record.state != "placed" or record.collective is not None:
+            return True
+        now = time.monotonic()
+        placed_seen = now if placed_seen is None else placed_seen
+        return now - placed_seen >= PLAN_WAIT_S
+
+    return reached
 
 
 @router.get(
