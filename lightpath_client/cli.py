@@ -37,15 +37,15 @@ def _parser() -> argparse.ArgumentParser:
         + ". The token comes from LIGHTPATH_TOKEN.",
     )
     parser.add_argument("--version", action="version", version=f"lightpath {version()}")
+    # before the command or after it: `lightpath --server URL jobs` and
+    # `lightpath jobs --server URL` alike (the command's wins when both are given)
+    server_help = "API URL (default $LIGHTPATH_URL or http://127.0.0.1:8080)"
+    parser.add_argument("--server", dest="global_server", help=server_help)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     def command(name: str, help_text: str) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text, description=help_text)
-        p.add_argument(
-            "--server",
-            default=os.environ.get("LIGHTPATH_URL", "http://127.0.0.1:8080"),
-            help="API URL (default $LIGHTPATH_URL or http://127.0.0.1:8080)",
-        )
+        p.add_argument("--server", help=server_help)
         return p
 
     p = command("launch", "submit a job, wait for placement, run CMD once per server")
@@ -300,8 +300,18 @@ def _retrying(what: str, pause_s: float) -> None:
     print(f"[lightpath] {what}; retrying in {pause_s:.1f}s", file=sys.stderr, flush=True)
 
 
+def server_url(args: argparse.Namespace) -> str:
+    """--server after the command, else before it, else $LIGHTPATH_URL, else local."""
+    return str(
+        args.server
+        or args.global_server
+        or os.environ.get("LIGHTPATH_URL")
+        or "http://127.0.0.1:8080"
+    )
+
+
 def run_client_command(args: argparse.Namespace) -> int:
-    with Client(args.server) as client:
+    with Client(server_url(args)) as client:
         if args.command == "launch":
             return cmd_launch(args, client)
         if args.command == "jobs":

@@ -233,6 +233,21 @@ def test_operator_commands_show_jobs_cluster_and_cancel(live: LiveServer) -> Non
     assert code == 1 and out == "" and "404" in err and "nope" in err
 
 
+def test_server_goes_before_or_after_the_command(live: LiveServer) -> None:
+    """`lightpath --server URL jobs` was argparse's "invalid choice" (exit 2): only
+    `lightpath jobs --server URL` worked. The command's own flag wins."""
+    nowhere = "http://127.0.0.1:1"
+    for args in (
+        ("--server", live.url, "cluster"),
+        ("cluster", "--server", live.url),
+        ("--server", nowhere, "cluster", "--server", live.url),
+    ):
+        code, out, err = lp(live, *args)
+        assert code == 0 and out.startswith("POD"), (args, err)
+    code, _, err = lp(live, "--server", nowhere, "cluster")
+    assert code == 1 and "127.0.0.1:1" in err
+
+
 def test_commands_need_a_token_when_the_server_has_them(live: LiveServer) -> None:
     code, _, err = lp(live, "cluster", token=None)
     assert code == 1 and "401" in err
