@@ -26,7 +26,7 @@ from sqlalchemy import (
     text,
     update,
 )
-from sqlalchemy.exc import IntegrityError, OperationalError
+from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 
 from app.engine.job import JobState, Placement
 from app.engine.job_lease import LEASE_EXPIRED, JobLease
@@ -37,6 +37,22 @@ from .mapping import job_from_body, placement_to_json
 
 log = logging.getLogger("lightpath.store")
 T = TypeVar("T")
+
+
+class SchemaNotCurrent(Exception):
+    """The database is reachable but not at this build's schema revision."""
+
+    def __init__(self, found: str | None) -> None:
+        what = f"at schema revision {found}" if found else "not migrated"
+        super().__init__(
+            f"database {what}, this build needs {t.SCHEMA_REVISION}: run `lightpath migrate`"
+        )
+
+
+def _no_such_table(exc: Exception) -> bool:
+    """SQLite's OperationalError and PostgreSQL's UndefinedTable for a missing table."""
+    text_ = str(getattr(exc, "orig", exc)).lower()
+    return "no such table" in text_ or "does not exist" in text_
 
 
 class StoreError(Exception):
@@ -375,9 +391,17 @@ class Store:
             self.read_engine.dispose()
 
     def ping(self) -> None:
-        """Raise when the database cannot answer a trivial query."""
+        """Raise when the database cannot answer, or holds another schema revision
+        than this build's (`SchemaNotCurrent`)."""
         with self.read_engine.connect() as conn:
-            conn.execute(text("SELECT 1"))
+            try:
+                found = conn.execute(text("SELECT version_num FROM alembic_version")).scalar()
+            except (OperationalError, ProgrammingError) as exc:
+                if not _no_such_table(exc):
+                    raise
+                found = None
+        if found != t.SCHEMA_REVISION:
+            raise SchemaNotCurrent(found)
 
     # --- jobs -------------------------------------------------------------
 

@@ -194,6 +194,32 @@ def test_readyz_answers_a_503_problem_when_a_dependency_is_down(settings: Settin
         live.stop()
 
 
+def test_readyz_refuses_a_database_at_another_schema_revision(settings: Settings) -> None:
+    """`lightpath api` on a database nobody migrated answered every call with a 503
+    while /readyz said the database was ok (a contract sweep)."""
+    from sqlalchemy import text
+
+    live = LiveServer(settings)
+    live.start()
+    try:
+        assert live.runtime is not None
+        engine = live.runtime.services.store.write_engine
+        with live.client() as c:
+            assert c.get("/readyz").json()["checks"]["database"] == "ok"
+            for stale in ("reliability_fencing", None):
+                with engine.begin() as conn:
+                    conn.execute(text("DELETE FROM alembic_version"))
+                    if stale is not None:
+                        conn.execute(text("INSERT INTO alembic_version VALUES (:v)"), {"v": stale})
+                answer = c.get("/readyz")
+                assert answer.status_code == 503, answer.text
+                said = answer.json()["checks"]["database"]
+                assert "run `lightpath migrate`" in said, said
+                assert (stale or "not migrated") in said, said
+    finally:
+        live.stop()
+
+
 def _conforms(doc: dict[str, Any], method: str, path: str, answer: Any) -> None:
     """`answer` matches the schema the document gives for its status and media type."""
     op = doc["paths"][path][method]
