@@ -14,7 +14,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import InternalError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -133,8 +133,9 @@ RETRY_AFTER_S = "1"
 
 
 async def _on_database_busy(request: Request, exc: Exception) -> JSONResponse:
-    """No pooled connection within the pool timeout, a lock not granted in time, or the
-    database unreachable: the request did nothing; the client retries shortly."""
+    """No pooled connection within the pool timeout, a lock not granted in time, the
+    database unreachable or read-only: the request did nothing; the client retries
+    shortly."""
     log.warning(
         "database busy or unreachable",
         extra={"path": request.url.path, "error": type(exc).__name__},
@@ -146,6 +147,19 @@ async def _on_database_busy(request: Request, exc: Exception) -> JSONResponse:
         kind="unavailable",
         headers={"Retry-After": RETRY_AFTER_S},
     )
+
+
+def transaction_refused(exc: BaseException) -> bool:
+    """The database refused the transaction as such, whatever it held: SQLSTATE class
+    25, chiefly 25006 read-only (a PostgreSQL failover leaves a standby, or an
+    operator sets `default_transaction_read_only`); nothing was written."""
+    return str(getattr(getattr(exc, "orig", None), "sqlstate", None) or "").startswith("25")
+
+
+async def _on_database_internal(request: Request, exc: Exception) -> JSONResponse:
+    if transaction_refused(exc):
+        return await _on_database_busy(request, exc)
+    return await _on_unexpected(request, exc)
 
 
 async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:
@@ -164,4 +178,5 @@ def install_problem_handlers(app: FastAPI) -> None:
     app.add_exception_handler(StarletteHTTPException, _on_http)
     app.add_exception_handler(PoolTimeout, _on_database_busy)
     app.add_exception_handler(OperationalError, _on_database_busy)
+    app.add_exception_handler(InternalError, _on_database_internal)
     app.add_exception_handler(Exception, _on_unexpected)

@@ -3,11 +3,11 @@
 from .database import create_db_engine
 from .repository import (
     ConcurrentChange,
+    DatabaseNotReady,
     DecisionRecord,
     JobRecord,
     NewDecision,
     PlacedCache,
-    SchemaNotCurrent,
     Snapshot,
     Store,
     StoreError,
@@ -15,11 +15,11 @@ from .repository import (
 
 __all__ = [
     "ConcurrentChange",
+    "DatabaseNotReady",
     "DecisionRecord",
     "JobRecord",
     "NewDecision",
     "PlacedCache",
-    "SchemaNotCurrent",
     "Snapshot",
     "Store",
     "StoreError",

@@ -39,14 +39,19 @@ log = logging.getLogger("lightpath.store")
 T = TypeVar("T")
 
 
-class SchemaNotCurrent(Exception):
-    """The database is reachable but not at this build's schema revision."""
+class DatabaseNotReady(Exception):
+    """The database answers but cannot serve this build: another schema revision
+    (`lightpath migrate`), or read-only (a standby after a failover)."""
 
-    def __init__(self, found: str | None) -> None:
-        what = f"at schema revision {found}" if found else "not migrated"
-        super().__init__(
-            f"database {what}, this build needs {t.SCHEMA_REVISION}: run `lightpath migrate`"
-        )
+    def __init__(self, found: str | None, read_only: bool = False) -> None:
+        if read_only:
+            message = "database is read-only (a standby?): writes are refused"
+        else:
+            what = f"at schema revision {found}" if found else "not migrated"
+            message = (
+                f"database {what}, this build needs {t.SCHEMA_REVISION}: run `lightpath migrate`"
+            )
+        super().__init__(message)
 
 
 def _no_such_table(exc: Exception) -> bool:
@@ -391,17 +396,26 @@ class Store:
             self.read_engine.dispose()
 
     def ping(self) -> None:
-        """Raise when the database cannot answer, or holds another schema revision
-        than this build's (`SchemaNotCurrent`)."""
-        with self.read_engine.connect() as conn:
+        """Raise when the database cannot answer, holds another schema revision than
+        this build's or refuses writes (`DatabaseNotReady`)."""
+        with self.write_engine.connect() as conn:
             try:
                 found = conn.execute(text("SELECT version_num FROM alembic_version")).scalar()
             except (OperationalError, ProgrammingError) as exc:
                 if not _no_such_table(exc):
                     raise
                 found = None
+            # a PostgreSQL standby (or `default_transaction_read_only`) answers reads
+            # and refuses every write: not ready
+            read_only = (
+                self.write_engine.dialect.name == "postgresql"
+                and conn.execute(text("SELECT current_setting('transaction_read_only')")).scalar()
+                == "on"
+            )
         if found != t.SCHEMA_REVISION:
-            raise SchemaNotCurrent(found)
+            raise DatabaseNotReady(found)
+        if read_only:
+            raise DatabaseNotReady(found, read_only=True)
 
     # --- jobs -------------------------------------------------------------
 

@@ -72,3 +72,41 @@ def test_an_exhausted_pool_answers_503_and_healthz_stays_up(small_pool: LiveServ
     assert slowest_health < 0.5, f"/healthz took {slowest_health:.2f} s"
     with small_pool.client() as c:
         assert c.get("/v1/jobs/nobody").status_code == 404
+
+
+def test_a_read_only_database_answers_503_and_is_not_ready(postgres_url: str) -> None:
+    """A fault sweep set the database read-only (as a failover to a standby leaves
+    it): 167 submits and 114 ends answered 500 `internal` (psycopg's
+    ReadOnlySqlTransaction arrives as an InternalError), and /readyz said ready."""
+    import psycopg
+
+    from tests.conftest import ADMIN_URL, _truncate
+
+    _truncate(postgres_url)
+    name = postgres_url.rsplit("/", 1)[1]
+    live = LiveServer(Settings(database_url=postgres_url, cluster="small", admit_wait_s=0.5))
+    live.start()
+    try:
+        assert live.runtime is not None
+        with psycopg.connect(ADMIN_URL, autocommit=True) as admin:
+            admin.execute(f'ALTER DATABASE "{name}" SET default_transaction_read_only = on')
+        try:
+            live.runtime.services.store.write_engine.dispose()  # new sessions: read-only
+            with live.client() as c:
+                r = c.post("/v1/jobs", json={"job_id": "ro", "parallelism": {"dp": 2, "pp": 1}})
+                assert r.status_code == 503, r.text
+                assert r.headers["retry-after"] == "1"
+                assert r.headers["content-type"].startswith("application/problem+json")
+                ready = c.get("/readyz")
+                assert ready.status_code == 503
+                assert "read-only" in ready.json()["checks"]["database"]
+        finally:
+            with psycopg.connect(ADMIN_URL, autocommit=True) as admin:
+                admin.execute(f'ALTER DATABASE "{name}" RESET default_transaction_read_only')
+        live.runtime.services.store.write_engine.dispose()
+        with live.client() as c:
+            assert c.get("/readyz").status_code == 200
+            r = c.post("/v1/jobs", json={"job_id": "ro", "parallelism": {"dp": 2, "pp": 1}})
+            assert r.status_code in (201, 202), r.text
+    finally:
+        live.stop()

@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.concurrency import run_in_threadpool
 
-from app.store import SchemaNotCurrent
+from app.store import DatabaseNotReady
 
 from ..deps import ServicesDep
 from ..problems import problem_response
@@ -70,7 +70,7 @@ async def readiness(
             return "ok"
         except TimeoutError:
             return f"unreachable: no answer within {PROBE_TIMEOUT_S} s"
-        except SchemaNotCurrent as exc:
+        except DatabaseNotReady as exc:
             return str(exc)
         except Exception as exc:  # a readiness probe reports, it does not raise
             return f"unreachable: {type(exc).__name__}"
