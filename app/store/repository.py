@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 from sqlalchemy import (
     Connection,
     Engine,
+    Row,
     bindparam,
     delete,
     func,
@@ -52,6 +53,12 @@ class DatabaseNotReady(Exception):
                 f"database {what}, this build needs {t.SCHEMA_REVISION}: run `lightpath migrate`"
             )
         super().__init__(message)
+
+
+def _job_row(conn: Connection, job_id: str) -> Row[Any] | None:
+    """The job's row, read on `conn` (inside a write's transaction: what it wrote, and
+    no second connection to fail after the commit, answering 503 for a done change)."""
+    return conn.execute(select(t.jobs).where(t.jobs.c.job_id == job_id)).first()
 
 
 def _no_such_table(exc: Exception) -> bool:
@@ -508,7 +515,7 @@ class Store:
 
     def get_job(self, job_id: str) -> JobRecord | None:
         with self.read_engine.connect() as conn:
-            row = conn.execute(select(t.jobs).where(t.jobs.c.job_id == job_id)).first()
+            row = _job_row(conn, job_id)
         return _job_record(row) if row is not None else None
 
     def list_jobs(
@@ -561,7 +568,8 @@ class Store:
                     delete(t.server_assignments).where(t.server_assignments.c.job_id == job_id)
                 )
                 add_outbox(conn, "jobs", {"type": "CompleteJob", "job_id": job_id}, now)
-        return self.get_job(job_id)
+            row = _job_row(conn, job_id)
+        return _job_record(row) if row is not None else None
 
     def heartbeat_job(self, job_id: str) -> JobRecord | None:
         """Renew the lease of a queued or placed job; an ended job is returned unchanged."""
@@ -572,7 +580,8 @@ class Store:
                 .where(t.jobs.c.state.in_([JobState.QUEUED.value, JobState.PLACED.value]))
                 .values(heartbeat_at=utcnow())
             )
-        return self.get_job(job_id)
+            row = _job_row(conn, job_id)
+        return _job_record(row) if row is not None else None
 
     def leased_jobs(self) -> list[JobLease]:
         """Placed jobs that asked for heartbeats, as the lease rule sees them."""

@@ -77,3 +77,43 @@ def test_a_failed_read_after_the_commit_answers_the_stored_job_not_503(
             assert again.status_code == 200, again.text
     finally:
         live.stop()
+
+
+def test_an_ending_or_heartbeat_is_answered_from_its_own_transaction(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fault sweep: DELETE answered 503 "nothing was done" for a job it had
+    cancelled, when the read after the commit (on another pooled connection) met a
+    killed one. The ending and the heartbeat read the row inside their transaction."""
+    live = LiveServer(settings)
+    live.start()
+    try:
+        assert live.runtime is not None
+        store = live.runtime.services.store
+        real_get_job = store.get_job
+        with live.client() as c:
+            for name in ("beat", "gone"):
+                body = {"job_id": name, "parallelism": {"dp": 2, "pp": 1}, "lease_s": 60}
+                assert c.post("/v1/jobs", json=body).status_code in (201, 202)
+            reads = 0
+
+            def first_read_only(job_id: str) -> object:
+                nonlocal reads
+                reads += 1
+                if reads > 1:  # the ownership check reads first; nothing after that may
+                    raise OperationalError("SELECT", {}, Exception("server closed"))
+                return real_get_job(job_id)
+
+            for method, path, state in (
+                ("POST", "/v1/jobs/beat/heartbeat", None),
+                ("DELETE", "/v1/jobs/gone", "cancelled"),
+            ):
+                reads = 0
+                monkeypatch.setattr(store, "get_job", first_read_only)
+                r = c.request(method, path)
+                monkeypatch.undo()
+                assert r.status_code == 200, r.text
+                assert state is None or r.json()["state"] == state
+            assert c.get("/v1/jobs/gone").json()["state"] == "cancelled"
+    finally:
+        live.stop()
