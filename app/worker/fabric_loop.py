@@ -52,6 +52,9 @@ class FabricLoop:
         # nothing waits for the next one (the fabric process makes its full garbage
         # collections there: `gc_policy`)
         self.after_pass: Callable[[bool], object] = lambda idle: None
+        # run at the top of every round of `run`, a pass or not (the fabric process's
+        # stall watchdog hears from it: a round at least every tick)
+        self.on_round: Callable[[], object] = lambda: None
         self.replan = threading.Event()
         self._due = threading.Event()
         self._lock = threading.Lock()
@@ -122,6 +125,7 @@ class FabricLoop:
         backoff_s = 0.1
         while not stop.is_set():
             self._due.wait(self.tick_s)
+            self.on_round()
             if stop.is_set() or not is_leader():
                 self._due.clear()
                 self.after_pass(True)  # a standby has nothing but idle time

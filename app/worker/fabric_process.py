@@ -26,9 +26,13 @@ Fencing: every write transaction of the child's threads is fenced
 so a child whose parent stalled or died stops writing when the parent would
 have, and a new leader's raised fencing row refuses a stale child's writes.
 
-Supervision: the parent restarts a child that exits (with a back-off); the
-child, whose passes are level-triggered from the database, begins from the
-durable state, so nothing acknowledged is lost. The child exits when the
+Supervision: the parent restarts a child that exits (with a back-off), and kills
+and restarts one whose pass thread has not come round for `STALL_S` (stopped,
+or stuck in a call that never returns: jobs placed meanwhile got no circuits
+and ended jobs kept theirs for as long as it lasted). The pass thread stamps a
+shared heartbeat on every round, a pass or an idle tick. The child, whose
+passes are level-triggered from the database, begins from the durable state,
+so nothing acknowledged is lost. The child exits when the
 parent's end of the pipe closes (the parent died) or on `stop`; SIGTERM to the
 worker stops it through `Runtime.stop`.
 """
@@ -59,6 +63,9 @@ POLL_S = 0.05  # the parent checks the lease and the child this often when idle
 RESTART_BACKOFF_S = (0.5, 10.0)  # first and longest wait before a restart
 STOP_S = 10.0  # a child not gone this long after `stop` is terminated
 BATCH_LINGER_S = 0.002  # the child's messages wait this long for company
+# a pass thread silent this long is stalled: far past the slowest pass (tens of ms at
+# 300 jobs, seconds for a new term's first) and the failure back-off (5 s)
+STALL_S = 30.0
 
 LeaseState = tuple[int, float] | None  # (fencing token, valid until on time.monotonic())
 
@@ -167,8 +174,11 @@ class _Batcher:
                     return  # the parent is gone: the control loop ends on EOF
 
 
-def run_child(conn: Connection, settings: Settings, cluster: Cluster) -> None:
-    """The fabric process: the fabric loop and the switch controller, fenced."""
+def run_child(conn: Connection, settings: Settings, cluster: Cluster, alive: Any = None) -> None:
+    """The fabric process: the fabric loop and the switch controller, fenced.
+
+    `alive`: a shared double the pass thread sets to `time.monotonic()` on every
+    round (the parent's stall watchdog reads it)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's ^C: the parent stops us
     from app.engine.circuits import load_solver
     from app.logs import configure_logging
@@ -203,7 +213,10 @@ def run_child(conn: Connection, settings: Settings, cluster: Cluster) -> None:
     driver.on_views = lambda views: send(("views", dict(views)))
     # garbage collections between passes, not inside one (see `gc_policy`)
     defer_collections()
+
     loop.after_pass = lambda idle: collect_if_due(idle=idle)
+    if alive is not None:
+        loop.on_round = lambda: setattr(alive, "value", time.monotonic())
     controller.on_failed_ports = loop.request_replan
     stop = threading.Event()
 
@@ -273,8 +286,10 @@ class FabricProcess:
         advance: Callable[[int], object] | None = None,
         on_views: Callable[[Mapping[str, dict[str, Any]]], None] = lambda views: None,
         announce: Callable[[tuple[str, ...]], None] = lambda ids: None,
+        stall_s: float = STALL_S,
     ) -> None:
         self.settings = settings
+        self.stall_s = stall_s
         self.cluster = cluster
         self.metrics = metrics
         self.lease_state = lease_state
@@ -287,6 +302,7 @@ class FabricProcess:
         self._ctx = multiprocessing.get_context("spawn")  # no fork of a threaded process
         self._proc: Any = None
         self._conn: Connection | None = None
+        self._alive: Any = None  # the current child's heartbeat (see `run_child`)
         self._outbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._conn_lock = threading.Lock()
 
@@ -319,6 +335,13 @@ class FabricProcess:
                             backoff_s = RESTART_BACKOFF_S[0]
                     elif not proc.is_alive():
                         raise EOFError
+                    elif (silent_s := self._silent_s()) > self.stall_s:
+                        log.error(
+                            "fabric process stalled; killing it",
+                            extra={"pid": proc.pid, "silent_s": round(silent_s, 1)},
+                        )
+                        proc.kill()  # a stopped process dies of SIGKILL too
+                        raise EOFError
                     continue
                 except (EOFError, OSError):
                     pass
@@ -341,11 +364,19 @@ class FabricProcess:
             sender.join(timeout=STOP_S)
             self._stop_child()
 
+    def _silent_s(self) -> float:
+        """Seconds since the started child's pass thread last came round (0 before its
+        first round: starting takes what imports take)."""
+        if not self.ready.is_set() or self._alive is None:
+            return 0.0
+        return time.monotonic() - float(self._alive.value)
+
     def _start(self) -> None:
         ours, theirs = self._ctx.Pipe()
+        self._alive = self._ctx.Value("d", time.monotonic(), lock=False)
         proc = self._ctx.Process(
             target=run_child,
-            args=(theirs, self.settings, self.cluster),
+            args=(theirs, self.settings, self.cluster, self._alive),
             name="lightpath-fabric",
             daemon=True,  # ended with the worker even if `stop` is never called
         )

@@ -56,7 +56,9 @@ class Parent:
 
 
 @contextmanager
-def fabric_process(database_url: str) -> Iterator[tuple[FabricProcess, Parent, Store]]:
+def fabric_process(
+    database_url: str, **options: Any
+) -> Iterator[tuple[FabricProcess, Parent, Store]]:
     settings = Settings(database_url=database_url, cluster="small", worker_tick_s=0.2)
     store = build_store(settings)
     parent = Parent()
@@ -67,6 +69,7 @@ def fabric_process(database_url: str) -> Iterator[tuple[FabricProcess, Parent, S
         lease_state=lambda: parent.lease,
         on_views=parent.views.update,
         announce=parent.changed.extend,
+        **options,
     )
     stop = threading.Event()
     thread = threading.Thread(target=fp.run, args=(stop,), daemon=True)
@@ -194,6 +197,23 @@ def test_a_child_that_dies_is_restarted_and_misses_nothing(sqlite_url: str) -> N
         _eventually(lambda: fp.restarts == 1 and fp.ready.is_set(), timeout_s=60)
         assert fp.pid != first and not _alive(first)
         _eventually(lambda: _viewed(store, "b"))  # the new child read the durable state
+
+
+def test_a_stalled_child_is_killed_and_restarted(sqlite_url: str) -> None:
+    """A fault sweep SIGSTOPped the fabric child: for 40 s a placed job got no
+    circuits and a cancelled one kept its 16, while the worker stayed leader and
+    ready (only a child that exits was noticed)."""
+    with fabric_process(sqlite_url, stall_s=2.0) as (fp, parent, store):
+        first = fp.pid
+        assert first is not None
+        os.kill(first, signal.SIGSTOP)
+        _place(store, "late")
+        fp.request("arrival")
+        _eventually(lambda: fp.restarts == 1 and fp.ready.is_set(), timeout_s=60)
+        assert fp.pid != first and not _alive(first)
+        _eventually(lambda: _viewed(store, "late"))
+        time.sleep(3 * 0.2 + 2.0)  # a live child's rounds keep it from being killed
+        assert fp.restarts == 1
 
 
 def test_the_lease_view_holds_the_token_until_its_local_expiry() -> None:
