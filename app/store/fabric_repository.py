@@ -180,7 +180,7 @@ class FabricRepository:
                     [{"b_job": j, "b_collective": c} for j, c in collectives.items()],
                 )
             self._put_fact(conn, "fabric", facts, now)
-            return append_decisions(conn, decisions, now)
+            return append_decisions(conn, decisions)
 
     @staticmethod
     def _put_fact(conn: Any, name: str, value: dict[str, Any], now: Any) -> None:

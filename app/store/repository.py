@@ -360,18 +360,21 @@ def next_counter(conn: Connection, name: str, n: int = 1) -> int:
     return int(result) - n + 1
 
 
-def append_decisions(
-    conn: Connection, decisions: Sequence[NewDecision], now: dt.datetime
-) -> list[int]:
-    """Append to the decision log inside the caller's transaction; returns the seqs."""
+def append_decisions(conn: Connection, decisions: Sequence[NewDecision]) -> list[int]:
+    """Append to the decision log inside the caller's transaction; returns the seqs.
+
+    `at` is the time the seq counter was locked: the lock orders writers, so `at`
+    never goes back as `seq` goes up (the worker's and the fabric process's writers
+    stamped the time their pass began, up to 104 ms out of order)."""
     if not decisions:
         return []
     first = next_counter(conn, "decision_seq", len(decisions))
+    at = utcnow()
     token = conn.info.get("fence_token")  # the leader's, when a fence opened this transaction
     rows = [
         {
             "seq": first + i,
-            "at": now,
+            "at": at,
             "kind": d.kind,
             "job_id": d.job_id,
             "reason": d.reason,
@@ -806,7 +809,7 @@ class Store:
                     NewDecision("placement", p.job_id, reason, {"placement": payloads[p.job_id]})
                     for p in kept
                 ]
-                seqs = append_decisions(conn, decisions, now)
+                seqs = append_decisions(conn, decisions)
         except IntegrityError as exc:
             raise ConcurrentChange("a server was taken by another writer") from exc
         left = tuple(p.job_id for p in wanted if p.job_id not in queued)

@@ -362,7 +362,7 @@ class TrafficRepository:
                         for d in dead_letters
                     ],
                 )
-            return append_decisions(conn, decisions, now)
+            return append_decisions(conn, decisions)
 
     def dead_letters(self, after: int = 0, limit: int = 100) -> list[DeadLetterRecord]:
         """Reports set aside by the worker, in consumption order, after `after` (an ord)."""

@@ -14,7 +14,7 @@ from app.settings import Settings
 from app.store import NewDecision, Store
 from app.store import tables as t
 from app.store.fencing import Fence, Fenced
-from app.store.repository import append_decisions, utcnow
+from app.store.repository import append_decisions
 from app.wiring import build_store
 
 
@@ -49,7 +49,7 @@ def _write(store: Store, fence: Fence, what: str) -> list[int]:
     def body() -> list[int]:
         fence.bind_current_thread()
         with store.write_engine.begin() as conn:
-            return append_decisions(conn, [NewDecision("fabric", None, what, {})], utcnow())
+            return append_decisions(conn, [NewDecision("fabric", None, what, {})])
 
     return list(_in_thread(body))
 
@@ -101,7 +101,7 @@ def test_unbound_threads_are_not_fenced(stores: tuple[Store, Store]) -> None:
     store, _ = stores
     Fence(store.write_engine, lambda: None)
     with store.write_engine.begin() as conn:  # this (test) thread is not bound
-        append_decisions(conn, [NewDecision("fabric", None, "api", {})], utcnow())
+        append_decisions(conn, [NewDecision("fabric", None, "api", {})])
     assert _tokens(store) == [(1, "api", None)]
 
 
@@ -122,7 +122,7 @@ def test_the_new_leader_waits_for_a_transaction_the_old_one_left_open(postgres_u
     def stall() -> None:
         old.bind_current_thread()
         with pytest.raises(Exception), old_store.write_engine.begin() as conn:  # noqa: B017
-            append_decisions(conn, [NewDecision("fabric", None, "stalled", {})], utcnow())
+            append_decisions(conn, [NewDecision("fabric", None, "stalled", {})])
             stalled.set()
             time.sleep(1.5)  # past the idle timeout: the server ends the session
 
@@ -152,7 +152,7 @@ def test_a_new_leaders_threads_raise_the_row_together_without_deadlock(
         start.wait()
         try:
             with new_store.write_engine.begin() as conn:
-                append_decisions(conn, [NewDecision("fabric", None, f"t{k}", {})], utcnow())
+                append_decisions(conn, [NewDecision("fabric", None, f"t{k}", {})])
         except BaseException as exc:
             errors.append(exc)
 
@@ -198,3 +198,30 @@ def test_reads_are_not_fenced_writes_are(stores: tuple[Store, Store]) -> None:
     with pytest.raises(Fenced):
         _write(store, fence, "lapsed")
     assert fence.refused == 1
+
+
+def test_decision_times_never_go_back_as_seqs_go_up(stores: tuple[Store, Store]) -> None:
+    """A fault sweep read 33 decisions stamped before the one logged ahead of them (up
+    to 104 ms): each writer stamped the time its pass began, not the time it took the
+    seq. Writers that meet at the counter now stamp in the counter's order."""
+    store, other = stores
+    start = threading.Barrier(6)
+
+    def writer(s: Store, k: int) -> None:
+        start.wait()
+        for i in range(15):
+            with s.write_engine.begin() as conn:
+                append_decisions(conn, [NewDecision("fabric", None, f"w{k}-{i}", {})])
+
+    threads = [
+        threading.Thread(target=writer, args=(store if k % 2 else other, k)) for k in range(6)
+    ]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(60)
+    with store.read_engine.connect() as conn:
+        d = t.decisions
+        ats = [r.at for r in conn.execute(select(d.c.at).order_by(d.c.seq))]
+    assert len(ats) == 90
+    assert ats == sorted(ats)
