@@ -149,7 +149,7 @@ async def _on_database_busy(request: Request, exc: Exception) -> JSONResponse:
     )
 
 
-def transaction_refused(exc: BaseException) -> bool:
+def _transaction_refused(exc: BaseException) -> bool:
     """The database refused the transaction as such, whatever it held: SQLSTATE class
     25, chiefly 25006 read-only (a PostgreSQL failover leaves a standby, or an
     operator sets `default_transaction_read_only`); nothing was written."""
@@ -157,7 +157,7 @@ def transaction_refused(exc: BaseException) -> bool:
 
 
 async def _on_database_internal(request: Request, exc: Exception) -> JSONResponse:
-    if transaction_refused(exc):
+    if _transaction_refused(exc):
         return await _on_database_busy(request, exc)
     return await _on_unexpected(request, exc)
 

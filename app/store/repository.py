@@ -42,17 +42,8 @@ T = TypeVar("T")
 
 class DatabaseNotReady(Exception):
     """The database answers but cannot serve this build: another schema revision
-    (`lightpath migrate`), or read-only (a standby after a failover)."""
-
-    def __init__(self, found: str | None, read_only: bool = False) -> None:
-        if read_only:
-            message = "database is read-only (a standby?): writes are refused"
-        else:
-            what = f"at schema revision {found}" if found else "not migrated"
-            message = (
-                f"database {what}, this build needs {t.SCHEMA_REVISION}: run `lightpath migrate`"
-            )
-        super().__init__(message)
+    (`lightpath migrate`), or read-only (a standby after a failover). The message is
+    what readiness reports."""
 
 
 def _job_row(conn: Connection, job_id: str) -> Row[Any] | None:
@@ -423,9 +414,12 @@ class Store:
                 == "on"
             )
         if found != t.SCHEMA_REVISION:
-            raise DatabaseNotReady(found)
+            what = f"at schema revision {found}" if found else "not migrated"
+            raise DatabaseNotReady(
+                f"database {what}, this build needs {t.SCHEMA_REVISION}: run `lightpath migrate`"
+            )
         if read_only:
-            raise DatabaseNotReady(found, read_only=True)
+            raise DatabaseNotReady("database is read-only (a standby?): writes are refused")
 
     # --- jobs -------------------------------------------------------------
 

@@ -213,7 +213,6 @@ def run_child(conn: Connection, settings: Settings, cluster: Cluster, alive: Any
     driver.on_views = lambda views: send(("views", dict(views)))
     # garbage collections between passes, not inside one (see `gc_policy`)
     defer_collections()
-
     loop.after_pass = lambda idle: collect_if_due(idle=idle)
     if alive is not None:
         loop.on_round = lambda: setattr(alive, "value", time.monotonic())
