@@ -17,6 +17,7 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.exc import InternalError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 log = logging.getLogger("lightpath.api")
 
@@ -108,7 +109,24 @@ async def _on_validation(_request: Request, exc: Exception) -> JSONResponse:
     )
 
 
-async def _on_http(_request: Request, exc: Exception) -> JSONResponse:
+def _allowed_methods(request: Request) -> str | None:
+    """Every method some route serves at the request's path (Starlette's 405 names
+    only the first route's: `PUT /v1/jobs/x` said `Allow: GET`, not GET, DELETE)."""
+    routes = request.app.router.routes
+    methods = {
+        m
+        for m in _METHODS
+        if any(r.matches({**request.scope, "method": m})[0] == Match.FULL for r in routes)
+    }
+    if "GET" in methods:
+        methods.add("HEAD")  # served by the HEAD middleware
+    return ", ".join(sorted(methods)) or None
+
+
+_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
+
+
+async def _on_http(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
     if exc.status_code == 400 and exc.detail == BODY_UNPARSABLE:
         # FastAPI's answer to a body json.loads cannot read at all (bytes that are not
@@ -121,11 +139,14 @@ async def _on_http(_request: Request, exc: Exception) -> JSONResponse:
             kind="malformed-json",
         )
     titles = {404: "Not found", 405: "Method not allowed", 401: "Unauthorized"}
+    headers = dict(getattr(exc, "headers", None) or {})
+    if exc.status_code == 405 and (allow := _allowed_methods(request)):
+        headers["Allow"] = allow
     return problem_response(
         exc.status_code,
         titles.get(exc.status_code, "HTTP error"),
         str(exc.detail),
-        headers=getattr(exc, "headers", None),
+        headers=headers or None,
     )
 
 

@@ -421,6 +421,18 @@ class OxcStateOut(BaseModel):
     cross_connects: list[CrossConnectOut]
 
 
+class ConfirmedOxcOut(OxcStateOut):
+    """An OXC as the switches last confirmed it."""
+
+    stale: bool = Field(
+        description="the switch controller's last pass could not read this OXC: "
+        "`cross_connects` is its last read, not necessarily what it holds now"
+    )
+    unreachable_since: str | None = Field(
+        description="when the OXC stopped answering (RFC 3339), null while it answers"
+    )
+
+
 class DesiredTopologyOut(BaseModel):
     pod_circuits: dict[str, dict[str, int]]
     oxcs: list[OxcStateOut]
@@ -432,7 +444,8 @@ class TopologyOut(BaseModel):
     pod_circuits: dict[str, dict[str, int]] = Field(
         description="circuits between pods (both directions listed)"
     )
-    oxcs: list[OxcStateOut]
+    oxcs: list[ConfirmedOxcOut]
+    stale: bool = Field(description="some OXC could not be read: see each OXC's `stale`")
     failed_ports: dict[str, list[int]] = Field(description="per OXC, ports without light")
     mlu: float | None = Field(None, description="max link utilisation of the last plan")
     time_division: list[Any] = Field(

@@ -65,7 +65,7 @@ def queue_reasons(
         elif admission.reserved_for is not None:
             reasons[job.job_id] = (
                 f"waiting behind {admission.reserved_for}; needs {job.servers_needed} "
-                f"servers outside its reservation"
+                f"server{'' if job.servers_needed == 1 else 's'} outside its reservation"
             )
         else:
             reasons[job.job_id] = needs_servers(job.servers_needed, free)

@@ -231,6 +231,10 @@ def test_unknown_route_and_method_are_problems(server: LiveServer) -> None:
         r = c.delete("/v1/jobs")
         assert r.status_code == 405
         assert r.headers["content-type"] == "application/problem+json"
+        # Allow names every method of the path, not only its first route's (RFC 9110)
+        assert r.headers["allow"] == "GET, HEAD, POST"
+        assert c.put("/v1/jobs/x").headers["allow"] == "DELETE, GET, HEAD"
+        assert c.get("/v1/jobs/x/complete").headers["allow"] == "POST"
 
 
 def test_head_answers_as_get_without_a_body(server: LiveServer) -> None:

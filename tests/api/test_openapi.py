@@ -229,6 +229,28 @@ def _conforms(doc: dict[str, Any], method: str, path: str, answer: Any) -> None:
     assert media in documented["content"], (method, path, answer.status_code, media)
     schema = {**documented["content"][media]["schema"], "components": doc["components"]}
     OAS31Validator(schema).validate(answer.json())
+    undocumented = list(_undocumented(doc, documented["content"][media]["schema"], answer.json()))
+    assert not undocumented, (method, path, "served but not in the document", undocumented)
+
+
+def _undocumented(doc: dict[str, Any], schema: dict[str, Any], value: Any, at: str = "") -> Any:
+    """Keys of `value` its schema does not name (the schema validator lets any extra key
+    through): `/v1/topology` served `stale` and `unreachable_since` the document lacked."""
+    if "$ref" in schema:
+        schema = doc["components"]["schemas"][schema["$ref"].rsplit("/", 1)[-1]]
+    options = [o for o in schema.get("anyOf", ()) if o.get("type") != "null"]
+    if options:
+        schema = options[0]
+    if isinstance(value, list) and "items" in schema:
+        for i, item in enumerate(value):
+            yield from _undocumented(doc, schema["items"], item, f"{at}[{i}]")
+    elif isinstance(value, dict) and "properties" in schema:
+        props = schema["properties"]
+        for key, item in value.items():
+            if key not in props and not schema.get("additionalProperties"):
+                yield f"{at}.{key}"
+            elif key in props:
+                yield from _undocumented(doc, props[key], item, f"{at}.{key}")
 
 
 def test_answers_match_their_documented_schemas(doc: dict[str, Any], server: LiveServer) -> None:
