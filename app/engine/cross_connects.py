@@ -13,7 +13,7 @@ pods have the most free ports (balancing keeps later circuits placeable).
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from operator import attrgetter, is_
 
@@ -252,14 +252,17 @@ def _map_exact(
 
 def cross_connects_by_job(
     cross_connects: Sequence[CrossConnect],
+    grouped: Callable[[], Mapping[str, tuple[CrossConnect, ...]]] | None = None,
 ) -> Mapping[str, tuple[CrossConnect, ...]]:
     """Each job's cross-connects, in their order in `cross_connects` (memoised per tuple).
 
     A fabric of 300 jobs holds thousands of cross-connects and an event changes a few
     jobs' of them: grouped once per tuple, comparing two tuples or finding a job's
     cross-connects costs what the changed jobs hold, not what the fabric holds.
+    `grouped`: the same answer, worked out from what the caller knows (a plan that
+    changed a few jobs' cross-connects knows the others' groups already).
     """
-    return _BY_JOB.get((cross_connects,), lambda: _group_by_job(cross_connects))
+    return _BY_JOB.get((cross_connects,), grouped or (lambda: _group_by_job(cross_connects)))
 
 
 def _group_by_job(cross_connects: Iterable[CrossConnect]) -> dict[str, tuple[CrossConnect, ...]]:

@@ -25,6 +25,8 @@ import math
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from itertools import compress
+from operator import attrgetter
 from typing import NamedTuple
 
 from .allocation import (
@@ -438,7 +440,10 @@ def plan_fabric(
             wanted[job_id] = d.plan.circuits
     moving = [cc for j in holding - untouched_jobs for cc in held.by_job[j]]
     if moving:
-        untouched = [cc for cc in held.cross_connects if cc.job_id in untouched_jobs]
+        # the held cross-connects of untouched jobs, in their order (filtered in C: a
+        # 300-job fabric holds thousands, an arrival moves a few jobs' of them)
+        mask = map(untouched_jobs.__contains__, map(_JOB_OF, held.cross_connects))
+        untouched = list(compress(held.cross_connects, mask))
         occupied = set(held.ports).difference(_ports(moving))
     else:
         untouched, occupied = list(held.cross_connects), set(held.ports)
@@ -492,18 +497,29 @@ def plan_fabric(
     # every one of them is on working ports between two pods: the next plan, which
     # starts from them, need not look again
     occupied.update(_ports(rest.cross_connects))
-    jobs_holding = untouched_jobs.union(cc.job_id for cc in mapping.cross_connects)
+    jobs_holding = untouched_jobs.union(by_job)
+
+    def grouped() -> dict[str, tuple[CrossConnect, ...]]:
+        # untouched jobs hold what they held, the others what was mapped now: each in
+        # physical order, as grouping the whole tuple would give
+        out = {j: held.by_job[j] for j in untouched_jobs}
+        out.update((j, tuple(ccs)) for j, ccs in by_job.items())
+        return out
+
     _HELD.get(
         (cross_connects, where),
         lambda: _Held(
             cross_connects,
             frozenset(jobs_holding),
             frozenset(occupied),
-            cross_connects_by_job(cross_connects),
+            cross_connects_by_job(cross_connects, grouped),
         ),
     )
     mlu = max((j.plan.mlu for j in out if j.slice.mode == MODE_ISOLATED), default=0.0)
     return FabricPlan(tuple(out), cross_connects, mlu, ledger, tuple(tdm), mapping.unmapped)
+
+
+_JOB_OF = attrgetter("job_id")
 
 
 class _Held(NamedTuple):

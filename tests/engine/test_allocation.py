@@ -592,3 +592,27 @@ def test_a_third_job_on_a_two_uplink_pod_gets_turns_that_join_its_pods() -> None
     third = allocation.job("t3")
     assert third is not None and math.isfinite(third.estimated_slowdown)
     assert all(n > 0 for _, n in third.expected_ports)
+
+
+@settings(max_examples=150, deadline=None)
+@given(scenarios(), st.data())
+def test_remembered_free_ports_allocate_as_holding_every_circuit_again(
+    case: tuple[Cluster, list[JobDemand], float], data: st.DataObject
+) -> None:
+    """An allocation made here remembers the ports it left free, and the next one starts
+    from them instead of holding each circuit again: over arrivals and completions, the
+    same allocation as from an equal `previous` it has never seen (the slow path)."""
+    cluster, demands, _ = case
+    alloc: PortAllocation | None = None
+    present: list[JobDemand] = []
+    waiting = list(demands)
+    for _ in range(2 * len(demands)):
+        if waiting and (not present or data.draw(st.booleans())):
+            present.append(waiting.pop(0))
+        else:
+            present.pop(data.draw(st.integers(0, len(present) - 1)))
+        unseen = None if alloc is None else PortAllocation(alloc.jobs, alloc.pool, alloc.turn_order)
+        remembered = allocate_ports(cluster, present, previous=alloc)
+        assert remembered == allocate_ports(cluster, present, previous=unseen)
+        _check_budgets(cluster, remembered)
+        alloc = remembered

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from app.engine.circuits import PodCircuits
 from app.engine.cluster import preset
 from app.engine.collective import AggregatorLedger
-from app.engine.cross_connects import port_pods, realised_circuits
+from app.engine.cross_connects import cross_connects_by_job, port_pods, realised_circuits
 from app.engine.fabric import (
     MODE_ISOLATED,
     MODE_NONE,
@@ -135,6 +135,13 @@ def test_fabric_invariants_and_minimal_change(pairs: list[tuple[int, int]]) -> N
                     mine = {cc for cc in plan.cross_connects if cc.job_id == jf.job_id}
                     assert mine <= set(new.cross_connects)
         _check_served(new)
+        # the grouping a plan remembers for its cross-connects (worked out from the jobs
+        # it left alone and those it mapped) is the one grouping the tuple gives
+        grouped: dict[str, list] = {}
+        for cc in new.cross_connects:
+            grouped.setdefault(cc.job_id, []).append(cc)
+        by_job = cross_connects_by_job(new.cross_connects)
+        assert {j: list(ccs) for j, ccs in by_job.items()} == grouped
         plan, current, ledger = new, new.cross_connects, new.aggregators
 
 
