@@ -1420,12 +1420,14 @@ def _shrink_for(
     index, without = cache.index, cache.without
 
     def after(j: str, key: tuple[str, str, str]) -> float:
+        # the same on every OXC: a circuit fewer on the pair is what slows the donor
         mine = without.get(j)
         if mine is None:
             mine = without[j] = {}
-        got = mine.get(key)
+        pair = (key[1], key[2])
+        got = mine.get(pair)
         if got is None:
-            got = mine[key] = _slowdown_without(work[j], key, port_bps)
+            got = mine[pair] = _slowdown_without(work[j], key, port_bps)
         return got
 
     for a, b in pairs:
@@ -1442,6 +1444,11 @@ def _shrink_for(
             if by_pod is None:
                 by_pod = heaps[oxc] = _donor_heaps(on_oxc.get(oxc, ()), a, b, after)
             both, on_a, on_b = by_pod
+            nearest = on_a if need_a else on_b  # holds `both`'s entries too
+            if not nearest or (best is not None and nearest[0][0] >= best[0]):
+                # no donor here, or none that can beat the best OXC so far: a heap's top
+                # never overstates its least (values only grow), so it is not looked at
+                continue
             # the least of (-pods freed, slowdown after giving, job, circuit): a circuit
             # between both needed pods frees both at once, else one per needed pod
             first = (_least(both, circuits, work, after, below) if need_a and need_b else None) or (
@@ -1533,8 +1540,8 @@ def _least(
 
 class _DonorCache:
     """What `_shrink_for` learns of the donors, valid while none gains a circuit key:
-    per pair their circuits by OXC (counts are read live), per donor and circuit its
-    slowdown without that circuit (a donor that gives is dropped from it; `gave`
+    per pair their circuits by OXC (counts are read live), per donor and pair its
+    slowdown with a circuit fewer there (a donor that gives is dropped from it; `gave`
     collects the donors)."""
 
     __slots__ = ("index", "heaps", "without", "gave")
@@ -1543,7 +1550,7 @@ class _DonorCache:
         self.index: dict[tuple[str, str], _DonorIndex] = {}
         # per pair and OXC, its donors' circuits as heaps (`_donor_heaps`)
         self.heaps: dict[tuple[str, str], dict[str, tuple[_DonorHeap, _DonorHeap, _DonorHeap]]] = {}
-        self.without: dict[str, dict[tuple[str, str, str], float]] = {}  # by donor, circuit
+        self.without: dict[str, dict[tuple[str, str], float]] = {}  # by donor, pair
         self.gave: set[str] = set() if gave is None else gave  # donors that gave
 
 
