@@ -475,7 +475,9 @@ def plan_fabric(
             rest = fresh
     mapping = replace(
         rest,
-        cross_connects=tuple(sorted(exact.cross_connects + rest.cross_connects)),
+        cross_connects=tuple(
+            sorted(exact.cross_connects + rest.cross_connects, key=physical_order)
+        ),
         kept=rest.kept + exact.kept,
         added=rest.added + exact.added,
     )
