@@ -66,7 +66,7 @@ class PodCircuits:
         # O(pods^2) check of __post_init__ is skipped (every re-plan builds several)
         built = object.__new__(PodCircuits)
         object.__setattr__(built, "pod_ids", tuple(pod_ids))
-        object.__setattr__(built, "counts", tuple(tuple(r) for r in rows))
+        object.__setattr__(built, "counts", tuple(map(tuple, rows)))
         return built
 
     def get(self, a: str, b: str) -> int:
@@ -81,18 +81,19 @@ class PodCircuits:
 
     def pairs(self) -> tuple[tuple[str, str, int], ...]:
         """(pod_a, pod_b, count) with a before b in pod order, count > 0."""
-        n = len(self.pod_ids)
+        ids = self.pod_ids
         return tuple(
-            (self.pod_ids[i], self.pod_ids[j], self.counts[i][j])
-            for i in range(n)
-            for j in range(i + 1, n)
-            if self.counts[i][j]
+            (ids[i], ids[j], c)
+            for i, row in enumerate(self.counts)
+            if any(row)  # most pods of a cluster-wide matrix have none: skipped in C
+            for j in range(i + 1, len(ids))
+            if (c := row[j])
         )
 
     @property
     def total(self) -> int:
         """Circuits in the matrix (each counted once)."""
-        return sum(sum(row) for row in self.counts) // 2
+        return sum(map(sum, self.counts)) // 2
 
     def to_dict(self) -> dict[str, dict[str, int]]:
         """The `pod_circuits` shape of GET /v1/topology (both directions listed)."""

@@ -89,7 +89,7 @@ class DemandMatrix:
         for src, dst, size in entries:
             if src != dst and size > 0:
                 rows[index[src]][index[dst]] += size
-        return DemandMatrix(tuple(pod_ids), tuple(tuple(r) for r in rows))
+        return DemandMatrix(tuple(pod_ids), tuple(map(tuple, rows)))
 
     def get(self, src: str, dst: str) -> float:
         """Bytes from pod `src` to pod `dst` (0 for unknown pods)."""
@@ -99,7 +99,7 @@ class DemandMatrix:
 
     @property
     def total_bytes(self) -> float:
-        return sum(sum(row) for row in self.bytes)
+        return sum(map(sum, self.bytes))
 
     def entries(self) -> tuple[tuple[str, str, float], ...]:
         """Non-zero (src_pod, dst_pod, bytes) entries in matrix order."""
