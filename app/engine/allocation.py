@@ -130,7 +130,10 @@ class JobAllocation:
     def pod_ports(self) -> tuple[tuple[str, int], ...]:
         """Ports per pod this job holds on its own."""
         out: dict[str, int] = defaultdict(int)
-        for _, p, n in self.oxc_ports:
+        for _, a, b, n in self.circuits:
+            out[a] += n
+            out[b] += n
+        for _, p, n in self.spare:
             out[p] += n
         return tuple(sorted(out.items()))
 

@@ -260,7 +260,11 @@ def _routes(cluster: Cluster, flows: Sequence[Flow], plan: CircuitPlan) -> tuple
             continue  # no circuit path between the pods now
         if bytes_left:
             # the path with most bytes still unassigned takes the flow
-            k = max(range(len(bytes_left)), key=bytes_left.__getitem__)
+            k = (
+                0
+                if len(bytes_left) == 1
+                else max(range(len(bytes_left)), key=bytes_left.__getitem__)
+            )
             path = paths[(src, dst)][k]
             bytes_left[k] -= f.size_bytes
         out.append(Route(f.src, f.dst, path))
