@@ -14,7 +14,10 @@ FILE` measures instead on a workload replayed through the simulator's lightpath
 policy (`bench/workloads/scatter-1500.jsonl.gz`: 250-300 jobs running, many
 spanning pods): the CPU time of every arrival and completion the simulator feeds
 the controller while at least `--min-running` jobs are running, exactly the
-calls the worker makes (`SimResult.controller_steps`).
+calls the worker makes (`SimResult.controller_steps`). The replay runs `--repeat`
+times (3), each in a fresh process, and is judged on the median run's p99: on a
+shared VM the same code's p50 moved from 1.96 to 2.97 ms between consecutive runs,
+so one run's p99 says as much about the machine as about the code.
 
 Both modes run under the worker's fabric-process collector policy
 (`app.worker.gc_policy`): garbage collections between steps, not inside one, as
@@ -22,16 +25,18 @@ the fabric process makes them between passes.
 
 Run: .venv/bin/python bench/bench_controller.py [--events N]
      .venv/bin/python bench/bench_controller.py --workload bench/workloads/scatter-1500.jsonl.gz
-         [--jobs 800] [--min-running 250]
+         [--jobs 800] [--min-running 250] [--repeat 3]
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import json
 import os
 import random
 import statistics
+import subprocess
 import sys
 import time
 from collections import Counter, defaultdict
@@ -88,20 +93,61 @@ def _phases(cluster, job: Job, placement: Placement) -> list:
     return out
 
 
-def replay(path: str, jobs: int, min_running: int, collector: bool) -> int:
-    """Controller CPU time per arrival and completion inside a lightpath simulation."""
+def replay(path: str, jobs: int, min_running: int, collector: bool, repeat: int) -> int:
+    """Controller CPU time per arrival and completion inside a lightpath simulation,
+    `repeat` times, each in a fresh process (the engine's memos start cold, as they
+    would for a new workload): judged on the median run's p99 per event kind."""
+    print(f"{'run':<5}{'event':<12}{'n':>6}{'p50 cpu ms':>12}{'p90':>8}{'p99':>8}{'max':>8}")
+    p99s: dict[str, list[float]] = defaultdict(list)
+    running: list[int] = []
+    for run in range(1, repeat + 1):
+        print(
+            f"run {run}/{repeat}: replaying {jobs} jobs of {path} (lightpath) ...", file=sys.stderr
+        )
+        child = [sys.executable, __file__, "--workload", path, "--jobs", str(jobs)]
+        child += ["--min-running", str(min_running), "--one-run", str(run)]
+        child += [] if collector else ["--no-gc"]
+        out = subprocess.run(child, stdout=subprocess.PIPE, text=True, check=False).stdout
+        for line in out.splitlines():
+            if line.startswith(RESULT):
+                got = json.loads(line[len(RESULT) :])
+                running += got["running"]
+                for kind, v in got["p99"].items():
+                    p99s[kind].append(v)
+            else:
+                print(line)
+        if not running:
+            print(f"no step with {min_running} or more jobs running", file=sys.stderr)
+            return 1
+    worst = max(statistics.median(v) for v in p99s.values())
+    ok = worst <= P99_BOUND_MS
+    spread = "; ".join(
+        f"{k} p99 {min(v):.2f}-{max(v):.2f} over {len(v)} runs" for k, v in p99s.items()
+    )
+    print(
+        f"worst median p99 with {min(running)}-{max(running)} jobs running: {worst:.2f} ms CPU "
+        f"(bound {P99_BOUND_MS} ms): "
+        + ("ok" if ok else "MISSED")
+        + f" ({spread}); load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores"
+    )
+    return 0 if ok else 1
+
+
+RESULT = "RESULT "  # a child run's last line: its p99 per event kind, as JSON
+
+
+def _replay_once(path: str, jobs: int, min_running: int, collector: bool, run: int) -> None:
     if not collector:
         gc.disable()  # diagnosis: how much of the tail is collector pauses
     cluster = preset("seed-15k", reconfig_ms=REPLAY_RECONFIG_MS)
     workload = jitter(read_workload(path), 1)[:jobs]
-    print(f"replaying {len(workload)} jobs of {path} (lightpath) ...", file=sys.stderr)
     # the fabric process's collector policy: start-up state frozen, collections
     # between passes, never inside one (`app.worker.gc_policy`)
     gc.freeze()
     defer_collections()
 
     def progress(done: int, total: int) -> None:
-        if done % 100 == 0:
+        if done % 200 == 0:
             print(f"  {done}/{total} jobs done", file=sys.stderr)
 
     result = simulate(
@@ -114,31 +160,17 @@ def replay(path: str, jobs: int, min_running: int, collector: bool) -> int:
         between_steps=collect_if_due if collector else None,
     )
     steps = [s for s in result.controller_steps if s.running >= min_running]
-    if not steps:
-        print(f"no step with {min_running} or more jobs running", file=sys.stderr)
-        return 1
-    print(f"{'event':<16}{'n':>7}{'p50 cpu ms':>12}{'p90':>8}{'p99':>8}{'max':>8}")
-    worst = 0.0
+    p99: dict[str, float] = {}
     for kind in ("arrival", "completion"):
-        values = [s.cpu_ms for s in steps if s.event == kind]
-        if not values:
+        ordered = sorted(s.cpu_ms for s in steps if s.event == kind)
+        if not ordered:
             continue
-        p99 = _p99(values)
-        worst = max(worst, p99)
-        ordered = sorted(values)
+        p99[kind] = _p99(ordered)
         print(
-            f"{kind:<16}{len(values):>7}{statistics.median(values):>12.2f}"
-            f"{ordered[int(0.9 * len(ordered))]:>8.2f}{p99:>8.2f}{ordered[-1]:>8.2f}"
+            f"{run:<5}{kind:<12}{len(ordered):>6}{statistics.median(ordered):>12.2f}"
+            f"{ordered[int(0.9 * len(ordered))]:>8.2f}{p99[kind]:>8.2f}{ordered[-1]:>8.2f}"
         )
-    running = [s.running for s in steps]
-    ok = worst <= P99_BOUND_MS
-    print(
-        f"worst p99 with {min(running)}-{max(running)} jobs running: {worst:.2f} ms CPU "
-        f"(bound {P99_BOUND_MS} ms): "
-        + ("ok" if ok else "MISSED")
-        + f"; load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores"
-    )
-    return 0 if ok else 1
+    print(RESULT + json.dumps({"p99": p99, "running": [s.running for s in steps]}), flush=True)
 
 
 def main() -> int:
@@ -150,9 +182,20 @@ def main() -> int:
     parser.add_argument(
         "--no-gc", action="store_true", help="with --workload: the collector off (diagnosis)"
     )
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=3,
+        help="with --workload: replays; the bound holds the median run's p99 (one run's "
+        "moves 20-40%% with this VM's speed)",
+    )
+    parser.add_argument("--one-run", type=int, help=argparse.SUPPRESS)  # a child of --repeat
     args = parser.parse_args()
+    if args.workload and args.one_run:
+        _replay_once(args.workload, args.jobs, args.min_running, not args.no_gc, args.one_run)
+        return 0
     if args.workload:
-        return replay(args.workload, args.jobs, args.min_running, not args.no_gc)
+        return replay(args.workload, args.jobs, args.min_running, not args.no_gc, args.repeat)
     rng = random.Random(SEED)
     cluster = preset("seed-15k")
     state = new_controller(cluster, ControllerConfig(reconfig_ms=cluster.reconfig_ms))
