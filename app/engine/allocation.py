@@ -991,10 +991,9 @@ def allocate_ports(
             if (
                 old is not None
                 and old.mode == MODE_ISOLATED
-                # the same entries as before (old ones are sorted and positive), checked
-                # without sorting: most jobs are unchanged
-                and len(mine) == len(old.circuits)
-                and all(mine.get((o, a, b)) == n for o, a, b, n in old.circuits)
+                # the same entries as before (old ones are sorted and positive), compared
+                # as dicts: most jobs are unchanged
+                and mine == _held_of(old).circuits
                 and len(spare_j) == len(old.spare)
                 and all(spare_j.get((o, pod)) == n for o, pod, n in old.spare)
             ):
@@ -1067,9 +1066,9 @@ def allocate_ports(
     # free ports now, unless some circuit or spare port is held for a job that is not
     # isolated (then only the slow path holds again exactly what the result lists)
     held_off_books = any(
-        n < 0 or (n > 0 and j not in isolated_set) for j, c in circuits.items() for n in c.values()
-    ) or any(
-        n < 0 or (n > 0 and j not in isolated_set) for j, c in spare.items() for n in c.values()
+        c and (min(c.values()) < 0 or (j not in isolated_set and any(c.values())))
+        for held in (circuits, spare)
+        for j, c in held.items()
     )
     free_now = None if held_off_books else {p: tuple(f) for p, f in ports.free.items()}
     _FREE_AFTER.get((result, cluster), lambda: free_now)

@@ -174,12 +174,20 @@ class AggregatorLedger:
 
     def reserve(self, cluster: Cluster, grants: Iterable[AggregatorGrant]) -> AggregatorLedger:
         """The ledger with `grants` added; a grant beyond capacity is a bug (ValueError)."""
-        new = self.grants + tuple(grants)
-        out = AggregatorLedger(new)
-        for tor_id in {g.tor_id for g in new}:
-            if out.used_gbps(tor_id) > aggregator_capacity(cluster, tor_id) * (1 + 1e-9):
+        added = tuple(grants)
+        if not added:
+            return self
+        new = self.grants + added
+        # only the switches granted to can go over (one pass over the ledger, not one
+        # per switch it names: an arrival re-plans several jobs, each reserving)
+        used = dict.fromkeys({g.tor_id for g in added}, 0.0)
+        for g in new:
+            if g.tor_id in used:
+                used[g.tor_id] += g.gbps
+        for tor_id, gbps in used.items():
+            if gbps > aggregator_capacity(cluster, tor_id) * (1 + 1e-9):
                 raise ValueError(f"aggregator capacity of {tor_id} exceeded")
-        return out
+        return AggregatorLedger(new)
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -455,3 +456,17 @@ def test_a_reestimate_on_slower_circuits_says_so_in_the_reason() -> None:
     assert twice.reason.count(ON_CIRCUITS) == 1
     fast = reestimate(again, _THREE_BY_THREE, job, placement, {("pod-0", "pod-1"): 1e6})
     assert ON_CIRCUITS not in fast.reason
+
+
+def test_a_reservation_past_a_switchs_capacity_is_refused_and_others_are_not_touched() -> None:
+    tor = SMALL.pods[0].tors[0]
+    half = tor.aggregator_gbps / 2
+    ledger = AggregatorLedger().reserve(SMALL, [AggregatorGrant(tor.id, "a", half)])
+    ledger = ledger.reserve(SMALL, [AggregatorGrant(tor.id, "b", half)])
+    assert ledger.free_gbps(SMALL, tor.id) == 0.0
+    with pytest.raises(ValueError, match=tor.id):
+        ledger.reserve(SMALL, [AggregatorGrant(tor.id, "c", 1.0)])
+    # a grant elsewhere is checked against its own switch only; nothing added, nothing new
+    other = SMALL.pods[1].tors[0].id
+    assert ledger.reserve(SMALL, [AggregatorGrant(other, "c", 1.0)]).free_gbps(SMALL, tor.id) == 0.0
+    assert ledger.reserve(SMALL, []) == ledger
