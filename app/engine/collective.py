@@ -414,6 +414,7 @@ class _Shape:
     inter: Counter[tuple[str, str]]  # those the hierarchical rings' inter-part rings cross
     sizes: frozenset[int]  # distinct group sizes
     single: bool  # every group has one member: nothing to reduce
+    switches: frozenset[str]  # the ToRs and pods the groups sit under (aggregators INC may use)
 
 
 def _shape(cluster: Cluster, placement: Placement) -> _Shape:
@@ -441,6 +442,7 @@ def _make_shape(cluster: Cluster, placement: Placement) -> _Shape:
         inter,
         frozenset(len(sig) for sig in alike),
         all(len(g) <= 1 for g in groups),
+        frozenset(x for sig in alike for loc in sig for x in loc),
     )
 
 
@@ -512,6 +514,31 @@ def choose_collective(
     `pod_gbps` maps sorted pod pairs to the circuit Gb/s this job may use between
     them; None assumes circuits at NIC rate (before circuits are planned).
     """
+    if pod_gbps is None and size_bytes is None:
+        # the choice reads the ledger only for the aggregators above the job's servers,
+        # held by others: an arrival re-plans jobs that gave it ports, whose
+        # aggregators seldom changed (memoised on those grants)
+        near = _shape(cluster, placement).switches
+        others = tuple(g for g in ledger.grants if g.tor_id in near and g.job_id != job.job_id)
+        return _CHOSEN.get(
+            (cluster, job, placement),
+            lambda: _choose_collective(cluster, job, placement, ledger, None, None),
+            others,
+        )
+    return _choose_collective(cluster, job, placement, ledger, pod_gbps, size_bytes)
+
+
+_CHOSEN: IdentityMemo[CollectiveChoice] = IdentityMemo(4096, transient=True)
+
+
+def _choose_collective(
+    cluster: Cluster,
+    job: Job,
+    placement: Placement,
+    ledger: AggregatorLedger,
+    pod_gbps: Mapping[tuple[str, str], float] | None,
+    size_bytes: float | None,
+) -> CollectiveChoice:
     costs, offer = estimate_costs(cluster, job, placement, ledger, pod_gbps, size_bytes)
     ordered = tuple(sorted(costs.items(), key=lambda kv: kv[0]))
     if _shape(cluster, placement).single:

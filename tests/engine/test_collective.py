@@ -470,3 +470,30 @@ def test_a_reservation_past_a_switchs_capacity_is_refused_and_others_are_not_tou
     other = SMALL.pods[1].tors[0].id
     assert ledger.reserve(SMALL, [AggregatorGrant(other, "c", 1.0)]).free_gbps(SMALL, tor.id) == 0.0
     assert ledger.reserve(SMALL, []) == ledger
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_a_remembered_choice_is_the_one_the_ledger_would_give_now(data: st.DataObject) -> None:
+    """The choice is remembered per job and placement on the grants others hold above
+    its servers: as aggregators fill and free (under it and elsewhere), the same
+    job and placement get exactly what a fresh computation gives."""
+    from app.engine.collective import _choose_collective
+
+    tors = [t for p in SMALL.pods for t in p.tors]
+    under = data.draw(st.sampled_from(tors))
+    servers = [s.id for s in under.servers][: data.draw(st.integers(2, len(under.servers)))]
+    job = _job(len(servers), params=data.draw(st.sampled_from([1e5, 1e7])))
+    placement = _placement(servers)
+    ledger = AggregatorLedger()
+    for _ in range(data.draw(st.integers(1, 8))):
+        switch = data.draw(st.sampled_from([under.id, under.pod_id, *(t.id for t in tors)]))
+        room = ledger.free_gbps(SMALL, switch)
+        if room > 0 and data.draw(st.booleans()):
+            take = room * data.draw(st.sampled_from([0.25, 0.9, 1.0]))
+            ledger = ledger.reserve(SMALL, [AggregatorGrant(switch, "other", take)])
+        else:
+            ledger = ledger.release("other")
+        assert choose_collective(SMALL, job, placement, ledger) == _choose_collective(
+            SMALL, job, placement, ledger, None, None
+        )
