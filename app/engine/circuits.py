@@ -144,9 +144,13 @@ def port_bound_s(demand: DemandMatrix, ports: Mapping[str, int], port_gbps: floa
 
 
 def _route_at(
-    demand: list[list[float]], cap: list[list[float]], t: float
+    demand: list[list[float]], cap: list[list[float]], t: float, record: bool = True
 ) -> list[tuple[int, int, int, float]] | None:
-    """Greedy direct + two-hop routing within capacity * t; (src, dst, via|-1, bytes) or None."""
+    """Greedy direct + two-hop routing within capacity * t; (src, dst, via|-1, bytes) or None.
+
+    Without `record`, only whether it fits: [] or None (the search on t asks that
+    some 40 times per evaluation, and listing every pair's route was most of it).
+    """
     n = len(demand)
     slack = [[cap[a][b] * t - demand[a][b] for b in range(n)] for a in range(n)]
     moves: list[tuple[int, int, int, float]] = []
@@ -158,7 +162,7 @@ def _route_at(
         need = -slack[p][q]
         slack[p][q] = 0.0
         direct = demand[p][q] - need
-        if direct > 0:
+        if direct > 0 and record:
             moves.append((p, q, -1, direct))
         vias = sorted(
             (r for r in range(n) if r != p and r != q),
@@ -171,11 +175,14 @@ def _route_at(
             slack[p][r] -= m
             slack[r][q] -= m
             need -= m
-            moves.append((p, q, r, m))
+            if record:
+                moves.append((p, q, r, m))
             if need <= _REL_EPS * demand[p][q]:
                 break
         if need > _REL_EPS * demand[p][q]:
             return None
+    if not record:
+        return moves
     over = {(p, q) for _, p, q in excess}
     moves += [
         (p, q, -1, demand[p][q])
@@ -241,7 +248,7 @@ def _evaluate_circuits(
     hi = max(direct)
     if not math.isfinite(hi):
         hi = max(lo, 1e-9)
-        while _route_at(d, cap, hi) is None:
+        while _route_at(d, cap, hi, record=False) is None:
             hi *= 4
             if hi > 1e12:
                 return CircuitPlan(
@@ -257,7 +264,7 @@ def _evaluate_circuits(
         if hi - lo <= 1e-6 * hi:
             break
         mid = (lo + hi) / 2
-        if _route_at(d, cap, mid) is None:
+        if _route_at(d, cap, mid, record=False) is None:
             lo = mid
         else:
             hi = mid
@@ -399,7 +406,7 @@ def _add_spare_circuits(
             beat = best.completion_s * (1 - 1e-6)
             cap[i][j] += bw
             cap[j][i] += bw
-            helps = math.isinf(beat) or _route_at(d, cap, beat) is not None
+            helps = math.isinf(beat) or _route_at(d, cap, beat, record=False) is not None
             cap[i][j] -= bw
             cap[j][i] -= bw
             if not helps:
