@@ -107,18 +107,25 @@ def replay(path: str, jobs: int, min_running: int, collector: bool, repeat: int)
         child = [sys.executable, __file__, "--workload", path, "--jobs", str(jobs)]
         child += ["--min-running", str(min_running), "--one-run", str(run)]
         child += [] if collector else ["--no-gc"]
-        out = subprocess.run(child, stdout=subprocess.PIPE, text=True, check=False).stdout
-        for line in out.splitlines():
+        done = subprocess.run(child, stdout=subprocess.PIPE, text=True, check=False)
+        got = None
+        for line in done.stdout.splitlines():
             if line.startswith(RESULT):
                 got = json.loads(line[len(RESULT) :])
-                running += got["running"]
-                for kind, v in got["p99"].items():
-                    p99s[kind].append(v)
             else:
                 print(line)
-        if not running:
-            print(f"no step with {min_running} or more jobs running", file=sys.stderr)
+        if done.returncode != 0 or got is None:
+            print(f"run {run} failed (exit {done.returncode}): not judged", file=sys.stderr)
             return 1
+        if not got["running"] or set(got["p99"]) != {"arrival", "completion"}:
+            print(
+                f"run {run}: no arrival or completion with {min_running} or more jobs running",
+                file=sys.stderr,
+            )
+            return 1
+        running += got["running"]
+        for kind, v in got["p99"].items():
+            p99s[kind].append(v)
     worst = max(statistics.median(v) for v in p99s.values())
     ok = worst <= P99_BOUND_MS
     spread = "; ".join(
@@ -195,6 +202,8 @@ def main() -> int:
         _replay_once(args.workload, args.jobs, args.min_running, not args.no_gc, args.one_run)
         return 0
     if args.workload:
+        if args.repeat < 1:
+            parser.error("--repeat must be at least 1")
         return replay(args.workload, args.jobs, args.min_running, not args.no_gc, args.repeat)
     rng = random.Random(SEED)
     cluster = preset("seed-15k")

@@ -992,7 +992,9 @@ def allocate_ports(
                 old is not None
                 and old.mode == MODE_ISOLATED
                 # the same entries as before (old ones are sorted and positive), compared
-                # as dicts: most jobs are unchanged
+                # as dicts: most jobs are unchanged (an entry repeated or not positive
+                # makes the lengths differ: rebuilt)
+                and len(mine) == len(old.circuits)
                 and mine == _held_of(old).circuits
                 and len(spare_j) == len(old.spare)
                 and all(spare_j.get((o, pod)) == n for o, pod, n in old.spare)
@@ -1145,14 +1147,18 @@ def _restore_held(
     elsewhere, or a job whose pairs changed): a 300-job fabric holds about 2,000
     circuits, and holding each again one by one was a sixth of an arrival's cost.
     """
-    free_after = _FREE_AFTER.get((previous, cluster), _unknown)
+    free_after = _FREE_AFTER.peek((previous, cluster))
     if free_after is None:
         return False
     keeps: list[tuple[str, JobAllocation, _Held]] = []
+    staying: set[str] = set()
     for d in order:
         pj = prev_jobs.get(d.job_id)
         if pj is None or pj.mode != MODE_ISOLATED:
             continue
+        if d.job_id in staying:
+            return False  # a job named twice: held once per mention, as the long way does
+        staying.add(d.job_id)
         held = _held_of(pj)
         if not held.have.keys() <= work[d.job_id].bytes.keys():
             return False
@@ -1160,7 +1166,6 @@ def _restore_held(
     free, index = ports.free, ports.index
     for p, f in free_after.items():
         free[p][:] = f
-    staying = {j for j, _, _ in keeps}
     for pj in previous.jobs:
         if pj.mode == MODE_ISOLATED and pj.job_id not in staying:
             for o, a, b, n in pj.circuits:
@@ -1178,10 +1183,6 @@ def _restore_held(
             if n > 0:
                 spare[j][(o, pod)] += n
     return True
-
-
-def _unknown() -> None:
-    return None
 
 
 class _Held(NamedTuple):

@@ -544,11 +544,19 @@ def _held(cluster: Cluster, current: tuple[CrossConnect, ...]) -> _Held:
 
 
 def _find_held(where: Mapping[tuple[str, int], str], current: Iterable[CrossConnect]) -> _Held:
+    # in physical order, as a plan's own cross-connects are (a plan groups the jobs it
+    # leaves alone from these: `grouped` in `plan_fabric`); a stored state read back
+    # unordered would otherwise pass its order on to the next plan's mapping
     working = tuple(
-        cc
-        for cc in current
-        if (a := where.get((cc.oxc_id, cc.port_a))) is not None
-        and a != where.get((cc.oxc_id, cc.port_b), a)
+        sorted(
+            (
+                cc
+                for cc in current
+                if (a := where.get((cc.oxc_id, cc.port_a))) is not None
+                and a != where.get((cc.oxc_id, cc.port_b), a)
+            ),
+            key=physical_order,
+        )
     )
     by_job = cross_connects_by_job(working)
     return _Held(working, frozenset(by_job), frozenset(_ports(working)), by_job)

@@ -99,6 +99,11 @@ class IdentityMemo(Generic[V]):
         self._answers[k] = (objs, value)
         return value
 
+    def peek(self, objs: tuple[object, ...], key: Hashable = None) -> V | None:
+        """The answer remembered for these objects, or None (nothing is computed or kept)."""
+        hit = self._answers.get((*map(id, objs), key))
+        return None if hit is None else hit[1]
+
     def __len__(self) -> int:
         return len(self._answers)
 

@@ -236,11 +236,14 @@ def _conforms(doc: dict[str, Any], method: str, path: str, answer: Any) -> None:
 def _undocumented(doc: dict[str, Any], schema: dict[str, Any], value: Any, at: str = "") -> Any:
     """Keys of `value` its schema does not name (the schema validator lets any extra key
     through): `/v1/topology` served `stale` and `unreachable_since` the document lacked."""
-    if "$ref" in schema:
-        schema = doc["components"]["schemas"][schema["$ref"].rsplit("/", 1)[-1]]
-    options = [o for o in schema.get("anyOf", ()) if o.get("type") != "null"]
-    if options:
-        schema = options[0]
+    while "$ref" in schema or "anyOf" in schema:  # a reference, or nullable: the object
+        if "$ref" in schema:
+            schema = doc["components"]["schemas"][schema["$ref"].rsplit("/", 1)[-1]]
+        else:
+            options = [o for o in schema["anyOf"] if o.get("type") != "null"]
+            if len(options) != 1:
+                return  # a union: which branch a value took is not decided here
+            schema = options[0]
     if isinstance(value, list) and "items" in schema:
         for i, item in enumerate(value):
             yield from _undocumented(doc, schema["items"], item, f"{at}[{i}]")

@@ -616,3 +616,28 @@ def test_remembered_free_ports_allocate_as_holding_every_circuit_again(
         assert remembered == allocate_ports(cluster, present, previous=unseen)
         _check_budgets(cluster, remembered)
         alloc = remembered
+
+
+def test_a_previous_allocation_with_bad_entries_or_a_repeated_job_is_not_taken_as_it_is() -> None:
+    """Shortcuts for unchanged jobs read a previous entry by its circuits; one built by
+    hand with a repeated or non-positive entry, or demands naming a job twice, are
+    allocated the long way (a review found both returned as they were)."""
+    cluster = _cluster(3, 1, 8)
+    d = JobDemand("j0", (("pod-0", "pod-1", 1e9),), (("pod-0", 8), ("pod-1", 8)), 1.0)
+    e = JobDemand("j1", (("pod-1", "pod-2", 1e9),), (("pod-1", 8), ("pod-2", 8)), 1.0)
+    bad = JobAllocation(
+        "j0",
+        MODE_ISOLATED,
+        (("oxc-0", "pod-0", "pod-1", 2), ("oxc-0", "pod-1", "pod-2", -1)),
+        (),
+        1.0,
+        "by hand",
+    )
+    got = allocate_ports(cluster, [d], previous=PortAllocation((bad,), (), ()))
+    j0 = got.job("j0")
+    assert j0 is not None and j0 is not bad
+    assert all(n > 0 for *_, n in j0.circuits)
+    before = allocate_ports(cluster, [d, e])
+    twice = allocate_ports(cluster, [d, e, d], previous=before)
+    unseen = PortAllocation(before.jobs, before.pool, before.turn_order)
+    assert twice == allocate_ports(cluster, [d, e, d], previous=unseen)

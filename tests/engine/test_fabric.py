@@ -186,3 +186,18 @@ def test_a_flow_without_a_path_costs_the_others_of_its_phase_no_route() -> None:
         b: ("pod-0", "pod-1"),
         c: ("pod-0", "pod-1", "pod-2"),
     }
+
+
+def test_a_plan_remembers_its_cross_connects_by_job_in_physical_order() -> None:
+    """Given the switches' state in another order (a stored state read back unordered),
+    the plan's per-job grouping is still that of its own sorted cross-connects, which
+    the next plan maps from (a review found the given order carried over)."""
+    a, b = _spread_job("a", [0, 1], 0), _spread_job("b", [2, 3], 0)
+    first = plan_fabric(SMALL, [a], (), AggregatorLedger())
+    given = tuple(reversed(first.cross_connects))
+    second = plan_fabric(SMALL, [a, b], given, first.aggregators, previous=first)
+    grouped: dict[str, list] = {}
+    for cc in second.cross_connects:
+        grouped.setdefault(cc.job_id, []).append(cc)
+    by_job = cross_connects_by_job(second.cross_connects)
+    assert {j: list(ccs) for j, ccs in by_job.items()} == grouped

@@ -71,3 +71,13 @@ def test_a_transient_memo_keeps_nothing_new_from_a_scratch_block() -> None:
     assert len(kept) == 1  # a memo not made transient keeps its answers as ever
     assert transient.get((candidate,), lambda: 5.0) == 5.0  # outside: computed, kept
     assert len(transient) == 2
+
+
+def test_peek_answers_only_what_is_remembered_and_keeps_nothing() -> None:
+    memo: IdentityMemo[int] = IdentityMemo(2)
+    a, b = DemandMatrix(("p",), ((0.0,),)), DemandMatrix(("p",), ((0.0,),))
+    assert memo.peek((a,)) is None and len(memo) == 0  # a miss stores nothing
+    memo.get((a,), lambda: 7)
+    assert memo.peek((a,)) == 7
+    assert memo.peek((b,)) is None  # equal, but not the same object
+    assert len(memo) == 1
