@@ -528,7 +528,9 @@ def choose_collective(
     return _choose_collective(cluster, job, placement, ledger, pod_gbps, size_bytes)
 
 
-_CHOSEN: IdentityMemo[CollectiveChoice] = IdentityMemo(4096, transient=True)
+# small: it is dropped wholesale when full, and freeing thousands of entries at once
+# inside an event costs milliseconds; a few hundred jobs run at a time
+_CHOSEN: IdentityMemo[CollectiveChoice] = IdentityMemo(1024, transient=True)
 
 
 def _choose_collective(
