@@ -595,13 +595,20 @@ def allocate_ports(
     unkept: set[str] = set()
     gave: set[str] = set()  # jobs that gave circuits to an arrival
     # every job keeps what it held
-    if previous is not None and (
-        grown_pods
-        or not _restore_held(
-            cluster, ports, previous, prev_jobs, order, work, circuits, spare, pool
+    if previous is not None:
+        _restore(
+            cluster,
+            ports,
+            previous,
+            prev_jobs,
+            order,
+            work,
+            circuits,
+            spare,
+            pool,
+            unkept,
+            short=not grown_pods,
         )
-    ):
-        _restore_each(ports, previous, prev_jobs, order, work, circuits, spare, pool, unkept)
 
     # 1. minimum: one circuit per pair, all or nothing
     was = {d.job_id: prev_jobs[d.job_id].mode for d in order if d.job_id in prev_jobs}
@@ -1066,7 +1073,7 @@ def allocate_ports(
     turn += tuple(j for j in shared if j not in turn)
     pool_out = tuple((o, a, b, n) for (o, a, b), n in sorted(pool.items()) if n > 0)
     result = PortAllocation(tuple(out), pool_out, turn)
-    # the ports it leaves free, for `_restore_held` when it is the next `previous`: the
+    # the ports it leaves free, for `_restore` when it is the next `previous`: the
     # free ports now, unless some circuit or spare port is held for a job that is not
     # isolated (then only the slow path holds again exactly what the result lists)
     held_off_books = any(
@@ -1079,7 +1086,8 @@ def allocate_ports(
     return result
 
 
-def _restore_each(
+def _restore(
+    cluster: Cluster,
     ports: _Ports,
     previous: PortAllocation,
     prev_jobs: Mapping[str, JobAllocation],
@@ -1089,9 +1097,43 @@ def _restore_each(
     spare: dict[str, dict[tuple[str, str], int]],
     pool: dict[tuple[str, str, str], int],
     unkept: set[str],
+    *,
+    short: bool = True,
 ) -> None:
     """Every job keeps what it held: the pool, then each isolated job's circuits and spare
-    ports, in `order`, as far as they still fit (`unkept`: pods where one did not)."""
+    ports, in `order`, as far as they still fit (`unkept`: pods where one did not).
+
+    The short way (`short`, and `_kept_whole` finds it applies): `previous` was
+    allocated here on this very cluster, so the ports it left free are remembered
+    (`_FREE_AFTER`), and an allocation made here promises no port twice, so every
+    circuit fits again. The free ports are then those, plus what jobs no longer in
+    `order` held; each job's circuits are copied whole. A 300-job fabric holds about
+    2,000 circuits, and holding each again one by one was a sixth of an arrival's cost.
+    """
+    kept = _kept_whole(cluster, previous, prev_jobs, order, work) if short else None
+    if kept is not None:
+        free_after, keeps = kept
+        free, index = ports.free, ports.index
+        for p, f in free_after.items():
+            free[p][:] = f
+        staying = {j for j, _, _ in keeps}
+        for gone in previous.jobs:
+            if gone.mode == MODE_ISOLATED and gone.job_id not in staying:
+                for o, a, b, n in gone.circuits:
+                    ports.give(o, a, b, n)
+                for o, pod, n in gone.spare:
+                    free[pod][index[o]] += n
+        for o, a, b, n in previous.pool:
+            pool[(o, a, b)] += n
+        for j, ja, held in keeps:
+            circuits[j] = dict(held.circuits)
+            have = work[j].have
+            for pair, n in held.have.items():
+                have[pair] += n
+            for o, pod, n in ja.spare:
+                if n > 0:
+                    spare[j][(o, pod)] += n
+        return
     free, index = ports.free, ports.index
     for o, a, b, n in previous.pool:
         k = ports.take_at(o, a, b, n)
@@ -1130,28 +1172,19 @@ def _restore_each(
                 unkept.add(pod)
 
 
-def _restore_held(
+def _kept_whole(
     cluster: Cluster,
-    ports: _Ports,
     previous: PortAllocation,
     prev_jobs: Mapping[str, JobAllocation],
     order: Sequence[JobDemand],
     work: Mapping[str, _Job],
-    circuits: dict[str, dict[tuple[str, str, str], int]],
-    spare: dict[str, dict[tuple[str, str], int]],
-    pool: dict[tuple[str, str, str], int],
-) -> bool:
-    """`_restore_each` the short way, when `previous` was allocated here on this very
-    cluster: the ports it left free are remembered (`_FREE_AFTER`), and an allocation
-    made here promises no port twice, so every circuit fits again. The free ports are
-    then those, plus what jobs no longer in `order` held; each job's circuits are copied
-    whole. False, changing nothing, when it does not apply (an allocation from
-    elsewhere, or a job whose pairs changed): a 300-job fabric holds about 2,000
-    circuits, and holding each again one by one was a sixth of an arrival's cost.
-    """
+) -> tuple[dict[str, tuple[int, ...]], list[tuple[str, JobAllocation, _Held]]] | None:
+    """For `_restore`'s short way: the free ports `previous` left and the isolated jobs
+    that keep their circuits whole; None when it does not apply (an allocation from
+    elsewhere, a job named twice, or a job whose pairs changed)."""
     free_after = _FREE_AFTER.peek((previous, cluster))
     if free_after is None:
-        return False
+        return None
     keeps: list[tuple[str, JobAllocation, _Held]] = []
     staying: set[str] = set()
     for d in order:
@@ -1159,36 +1192,17 @@ def _restore_held(
         if pj is None or pj.mode != MODE_ISOLATED:
             continue
         if d.job_id in staying:
-            return False  # a job named twice: held once per mention, as the long way does
+            return None  # a job named twice: held once per mention, as the long way does
         staying.add(d.job_id)
         held = _held_of(pj)
         if not held.have.keys() <= work[d.job_id].bytes.keys():
-            return False
+            return None
         keeps.append((d.job_id, pj, held))
-    free, index = ports.free, ports.index
-    for p, f in free_after.items():
-        free[p][:] = f
-    for pj in previous.jobs:
-        if pj.mode == MODE_ISOLATED and pj.job_id not in staying:
-            for o, a, b, n in pj.circuits:
-                ports.give(o, a, b, n)
-            for o, pod, n in pj.spare:
-                free[pod][index[o]] += n
-    for o, a, b, n in previous.pool:
-        pool[(o, a, b)] += n
-    for j, pj, held in keeps:
-        circuits[j] = dict(held.circuits)
-        have = work[j].have
-        for pair, n in held.have.items():
-            have[pair] += n
-        for o, pod, n in pj.spare:
-            if n > 0:
-                spare[j][(o, pod)] += n
-    return True
+    return free_after, keeps
 
 
 class _Held(NamedTuple):
-    """An isolated allocation's circuits as `_restore_each` builds them: by (oxc, pair),
+    """An isolated allocation's circuits as `_restore`'s long way builds them: by (oxc, pair),
     and their count per pair."""
 
     circuits: dict[tuple[str, str, str], int]
