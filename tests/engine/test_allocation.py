@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import defaultdict
 
@@ -599,9 +600,11 @@ def test_a_third_job_on_a_two_uplink_pod_gets_turns_that_join_its_pods() -> None
 def test_remembered_free_ports_allocate_as_holding_every_circuit_again(
     case: tuple[Cluster, list[JobDemand], float], data: st.DataObject
 ) -> None:
-    """An allocation made here remembers the ports it left free, and the next one starts
-    from them instead of holding each circuit again: over arrivals and completions, the
-    same allocation as from an equal `previous` it has never seen (the slow path)."""
+    """An allocation made here remembers the ports it left free, and each job's
+    allocation what it counted (circuits per pair, spare ports wanted); the next one
+    starts from them instead of holding each circuit again and counting anew: over
+    arrivals and completions, the same allocation as from an equal `previous` it has
+    never seen, made of fresh copies of every job's allocation (the slow path)."""
     cluster, demands, _ = case
     alloc: PortAllocation | None = None
     present: list[JobDemand] = []
@@ -611,7 +614,13 @@ def test_remembered_free_ports_allocate_as_holding_every_circuit_again(
             present.append(waiting.pop(0))
         else:
             present.pop(data.draw(st.integers(0, len(present) - 1)))
-        unseen = None if alloc is None else PortAllocation(alloc.jobs, alloc.pool, alloc.turn_order)
+        unseen = (
+            None
+            if alloc is None
+            else PortAllocation(
+                tuple(dataclasses.replace(j) for j in alloc.jobs), alloc.pool, alloc.turn_order
+            )
+        )
         remembered = allocate_ports(cluster, present, previous=alloc)
         assert remembered == allocate_ports(cluster, present, previous=unseen)
         _check_budgets(cluster, remembered)
