@@ -23,11 +23,22 @@ pod of the optical policies an electrical core of G Gb/s beside the OXCs (a
 hybrid fabric; the electrical baselines are unchanged). Write those runs to
 another `--out`.
 
+Held-out workloads: `--generation-seed S` generates every family with seed S
+instead of 1 (the workloads the project was tuned on); nothing else changes.
+
+Targets (printed and written under "targets" in table.md and results.json, per
+family and latency; they do not fail the run): lightpath's steady utilisation
+over the ideal fabric's (>= 0.95), lightpath against `spray` (within 1%), and
+lightpath minus `spray-same-cost` paired per seed (same workload copy, same
+window) with its 95% confidence interval: "above" or "below" when the interval
+excludes 0 and the difference is 0.005 points or more, else "level".
+
 Bound (exit 1 when missed): the timed cell (one family, one latency: 160 jobs x
 7 policies x SEEDS seeds) under 600 s of wall time on this machine.
 
 Run: .venv/bin/python bench/bench_evaluation.py [--families dense,moe] [--latencies 1,25]
      [--seeds 5] [--jobs 160] [--uplinks 16] [--electrical-gbps 1600]
+     [--generation-seed 808]
      (families can run as separate processes; `--merge` then rebuilds table.md
      from their results_<family>.json)
 """
@@ -47,7 +58,13 @@ from rich.console import Console
 
 from app.engine.cluster import Cluster, build_cluster, preset
 from app.sim.families import FAMILIES, FAMILY_GPU, generate, jitter
-from app.sim.report import aggregate, coinciding, evaluation_table, summarize_compared
+from app.sim.report import (
+    aggregate,
+    coinciding,
+    evaluation_table,
+    mean_ci95,
+    summarize_compared,
+)
 from app.sim.simulator import SimResult, simulate
 
 POLICIES = ("ideal", "spray", "spray-same-cost", "ecmp", "static", "reactive", "lightpath")
@@ -56,6 +73,7 @@ LATENCIES_MS = (25.0, 1.0, 100.0, 10.0)  # 25 ms first: the reference column
 LOAD = 1.2
 GENERATION_SEED = 1
 CELL_BOUND_S = 600.0
+NEGLIGIBLE_POINTS = 0.005  # differences of utilisation points the tables print as 0.00
 OUT = Path(__file__).resolve().parent / "out" / "evaluation"
 
 
@@ -101,9 +119,10 @@ def run_family(
     partial: Path | None = None,
     uplinks: int | None = None,
     electrical_gbps: float = 0.0,
+    generation_seed: int = GENERATION_SEED,
 ) -> dict[str, Any]:
     gpu = FAMILY_GPU.get(family)
-    workload = generate(family, preset("seed-15k"), load=LOAD, jobs=jobs, seed=GENERATION_SEED)
+    workload = generate(family, preset("seed-15k"), load=LOAD, jobs=jobs, seed=generation_seed)
     base_cluster = variant(None, uplinks)
     copies = [jitter(workload, k) for k in range(seeds)]
     electrical: dict[str, list[SimResult]] = {}
@@ -135,13 +154,17 @@ def run_family(
             f"{family} ({gpu or 'a100'}{shape}), {latency:g} ms, {seeds} seeds, wall {wall:.0f} s"
         )
         console.print(evaluation_table(aggregates, title))
+        verdicts = targets(aggregates)
+        console.print(targets_line(verdicts))
         cells[f"{latency:g}"] = {
             "wall_s": wall,
             "aggregates": aggregates,
             "coinciding": coinciding(aggregates),
+            "targets": verdicts,
         }
         if partial is not None:  # each cell as soon as it is done
             doc = {"family": family, "gpu": gpu or "a100", "jobs": jobs, "seeds": seeds}
+            doc["generation_seed"] = generation_seed
             doc |= {"uplinks": uplinks, "electrical_gbps": electrical_gbps}
             doc["cells"] = dict(sorted(cells.items(), key=lambda kv: float(kv[0])))
             partial.write_text(json.dumps(doc, indent=1) + "\n")
@@ -150,11 +173,61 @@ def run_family(
         "gpu": gpu or "a100",
         "jobs": jobs,
         "seeds": seeds,
+        "generation_seed": generation_seed,
         "uplinks": uplinks,
         "electrical_gbps": electrical_gbps,
         "load_average": os.getloadavg()[0],
         "cells": dict(sorted(cells.items(), key=lambda kv: float(kv[0]))),
     }
+
+
+def targets(aggregates: list[dict[str, Any]]) -> dict[str, Any]:
+    """Issue 13's targets for one cell: lightpath over ideal, against spray, and paired
+    per seed against spray-same-cost (None where a policy had no steady window)."""
+    util = {a["policy"]: a["steady_utilization"] for a in aggregates}
+    lp, ideal, spray, same = (
+        util.get(p) for p in ("lightpath", "ideal", "spray", "spray-same-cost")
+    )
+    out: dict[str, Any] = {"of_ideal": None, "vs_spray_pct": None, "minus_same_cost": None}
+    if not (lp and lp["values"]):
+        return out
+    if ideal and ideal["values"] and ideal["mean"] > 0:
+        out["of_ideal"] = lp["mean"] / ideal["mean"]
+    if spray and spray["values"] and spray["mean"] > 0:
+        out["vs_spray_pct"] = 100 * (lp["mean"] / spray["mean"] - 1)
+    if same and len(same["values"]) == len(lp["values"]):
+        diffs = [100 * (a - b) for a, b in zip(lp["values"], same["values"], strict=True)]
+        mean, half = mean_ci95(diffs)
+        # a difference the two-decimal figures would print as 0.00 is level
+        word = (
+            "level"
+            if abs(mean) < NEGLIGIBLE_POINTS
+            else "above"
+            if mean - half > 0
+            else "below"
+            if mean + half < 0
+            else "level"
+        )
+        out["minus_same_cost"] = {"points": mean, "ci95": half, "verdict": word}
+    return out
+
+
+def targets_line(t: dict[str, Any]) -> str:
+    """The targets as one line: each figure with met / missed."""
+    parts = []
+    if t["of_ideal"] is not None:
+        ok = "met" if t["of_ideal"] >= 0.95 else "MISSED"
+        parts.append(f"lightpath {t['of_ideal']:.4f} x ideal (>= 0.95 {ok})")
+    if t["vs_spray_pct"] is not None:
+        ok = "met" if t["vs_spray_pct"] >= -1.0 else "MISSED"
+        parts.append(f"{t['vs_spray_pct']:+.2f}% against spray (within 1% {ok})")
+    d = t["minus_same_cost"]
+    if d is not None:
+        parts.append(
+            f"minus spray-same-cost, paired: {d['points']:+.2f} ± {d['ci95']:.2f} points "
+            f"({d['verdict']})"
+        )
+    return "targets: " + ("; ".join(parts) if parts else "no steady window")
 
 
 def _cell_md(agg: dict[str, Any], key: str, scale: float, digits: int) -> str:
@@ -172,6 +245,7 @@ def markdown(results: list[dict[str, Any]]) -> str:
             shape += f", optical policies with a {fam['electrical_gbps']:g} Gb/s core/pod"
         lines.append(
             f"\n**{fam['family']}** ({fam['gpu']}{shape}, {fam['jobs']} jobs, load {LOAD}, "
+            f"generation seed {fam.get('generation_seed', GENERATION_SEED)}, "
             f"{fam.get('seeds', '?')} seeds; mean ± 95% CI)\n"
         )
         latencies = sorted(fam["cells"], key=float)
@@ -199,6 +273,11 @@ def markdown(results: list[dict[str, Any]]) -> str:
                 )
             )
             lines.append("| " + " | ".join(row) + " |")
+        lines.append("")
+        for lat in latencies:
+            verdicts = fam["cells"][lat].get("targets")
+            if verdicts is not None:
+                lines.append(f"- {lat} ms: {targets_line(verdicts)}")
     return "\n".join(lines) + "\n"
 
 
@@ -258,6 +337,12 @@ def main() -> int:
     ap.add_argument("--out", default=str(OUT), help="output directory")
     ap.add_argument("--uplinks", type=int, default=None, help="uplinks per pod (default 192)")
     ap.add_argument(
+        "--generation-seed",
+        type=int,
+        default=GENERATION_SEED,
+        help=f"workload generation seed (default {GENERATION_SEED}; others: held-out workloads)",
+    )
+    ap.add_argument(
         "--electrical-gbps", type=float, default=0.0, help="optical policies' core per pod"
     )
     ap.add_argument(
@@ -302,6 +387,7 @@ def main() -> int:
             partial,
             uplinks=args.uplinks,
             electrical_gbps=args.electrical_gbps,
+            generation_seed=args.generation_seed,
         )
         results.append(fam)
         worst = max([worst] + [c["wall_s"] for c in fam["cells"].values()])

@@ -13,6 +13,7 @@ fewest pods the free servers allow.
 
 Run: .venv/bin/python bench/bench_span.py [--family comm-heavy] [--uplinks 48]
      [--seeds 3] [--latency 25] [--policies spray-same-cost,lightpath]
+     [--generation-seed 1]
 No bound: the figures back the README's account of where lightpath loses.
 """
 
@@ -60,11 +61,12 @@ def main() -> int:
     ap.add_argument("--latency", type=float, default=25.0)
     ap.add_argument("--jobs", type=int, default=160)
     ap.add_argument("--policies", default="spray-same-cost,lightpath")
+    ap.add_argument("--generation-seed", type=int, default=GENERATION_SEED)
     args = ap.parse_args()
     check_uplinks(ap, args.uplinks)
     gpu = FAMILY_GPU.get(args.family)
     workload = generate(
-        args.family, preset("seed-15k"), load=LOAD, jobs=args.jobs, seed=GENERATION_SEED
+        args.family, preset("seed-15k"), load=LOAD, jobs=args.jobs, seed=args.generation_seed
     )
     copies = [jitter(workload, k) for k in range(args.seeds)]
     per_pod = len(preset("seed-15k").pods[0].servers)
@@ -89,7 +91,8 @@ def main() -> int:
                     merged[extra][i] += v
         totals[policy] = merged
     print(
-        f"\n{args.family}, {args.uplinks} uplinks/pod, {args.latency:g} ms, {args.seeds} seeds, "
+        f"\n{args.family} (generation seed {args.generation_seed}), {args.uplinks} uplinks/pod, "
+        f"{args.latency:g} ms, {args.seeds} seeds, "
         f"load {LOAD}: server time lost to slowdown, by pods spanned beyond the fewest"
     )
     header = "| pods beyond the fewest | " + " | ".join(
