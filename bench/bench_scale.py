@@ -11,7 +11,8 @@ how many pods a job may span beyond the fewest its size needs (`--extra-pods`:
 the product's `OPTICAL_EXTRA_PODS` is one of them; `none` places a job wherever
 servers are free, as every other policy does).
 
-Printed and written (bench/out/scale/: results.json, table.md, scale.png): steady
+Printed and written (bench/out/scale/: results.json, table.md, scale.png), with
+the evaluation's `targets:` line for lightpath (`bench_evaluation.targets`): steady
 utilisation (mean ± 95% CI over the seeds; every run of a seed over the steady
 window they all share, `report.common_window`), jobs running at once in that
 window, mean iteration slowdown, network share of an iteration, mean queueing
@@ -48,7 +49,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_evaluation import check_uplinks, variant  # noqa: E402
+from bench_evaluation import check_uplinks, targets, targets_line, variant  # noqa: E402
 
 from app.engine.cluster import preset  # noqa: E402
 from app.engine.placement import OPTICAL_EXTRA_PODS  # noqa: E402
@@ -248,7 +249,8 @@ def main() -> int:
         f"generation seed {args.generation_seed}"
     )
     title = f"{what}, seed-15k{shape}, {args.latency:g} ms, {args.seeds} seeds"
-    table = markdown(rows, title)
+    verdicts = targets(rows)  # the product's lightpath (its own spread limit)
+    table = markdown(rows, title) + f"\n{targets_line(verdicts)}\n"
     print(table)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -258,6 +260,7 @@ def main() -> int:
         "load_average": os.getloadavg()[0],
         "wall_s": time.perf_counter() - t0,
         "aggregates": rows,
+        "targets": verdicts,
     }
     (out / "results.json").write_text(json.dumps(doc, indent=1) + "\n")
     plot(rows, title, out / "scale.png")

@@ -64,7 +64,8 @@ The what-if charges are this script's (a subclass of the simulation), so no
 figure of `bench_evaluation.py` depends on them.
 
 Run: .venv/bin/python bench/bench_sharing.py [--family comm-heavy] [--uplinks 16]
-     [--seeds 3] [--latency 25] [--models lightpath,pair-trunk,...]
+     [--seeds 3] [--latency 25] [--models lightpath,pair-trunk,...] [--jobs 160]
+     [--generation-seed 1]
      [--lenders all,pooled,leave,fair,lend]
 No bound: the figures are the README's "Where uplinks are scarce" findings.
 """
@@ -395,13 +396,18 @@ def main() -> int:
     ap.add_argument("--latency", type=float, default=25.0)
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--lenders", default="all,pooled,leave,fair,lend")
+    ap.add_argument("--jobs", type=int, default=160)
+    ap.add_argument("--generation-seed", type=int, default=GENERATION_SEED)
     args = ap.parse_args()
     gpu = FAMILY_GPU.get(args.family)
-    workload = generate(args.family, preset("seed-15k"), load=LOAD, jobs=160, seed=GENERATION_SEED)
+    workload = generate(
+        args.family, preset("seed-15k"), load=LOAD, jobs=args.jobs, seed=args.generation_seed
+    )
     copies = [jitter(workload, k) for k in range(args.seeds)]
     cluster = variant(args.latency, args.uplinks)
     print(
-        f"{args.family}, {args.uplinks} uplinks/pod, {args.latency:g} ms, {args.seeds} seeds "
+        f"{args.family} ({args.jobs} jobs, generation seed {args.generation_seed}), "
+        f"{args.uplinks} uplinks/pod, {args.latency:g} ms, {args.seeds} seeds "
         f"(load average {os.getloadavg()[0]:.1f})"
     )
     shares = [
