@@ -49,7 +49,8 @@ class Settings(BaseSettings):
         ge=0,
         description="a job of at most a quarter pod waits rather than span more pods than "
         "this beyond the fewest it needs, when a pod of that layout lacks the free uplinks "
-        "its circuits need (each pod a ring passes through takes circuits); `none`: no limit",
+        "its circuits need (each pod a ring passes through takes circuits); 0 on a cluster "
+        "whose pods have fewer uplinks than servers; `none`: no limit",
     )
     reconfig_ms: float = Field(25.0, ge=0)
     mock_fault_rate: float = Field(0.0, ge=0, le=1)

@@ -82,7 +82,8 @@ NOT_NOW_SPREAD = (
 # compact jobs would use. Measured at 260 running jobs on seed-15k
 # (bench/bench_scale.py, README "At scale"): the same utilisation within 0.04
 # points, mean slowdown 1.0014 against 1.0038 with no limit; 0 extra pods idles
-# holes (0.4 points lower).
+# holes (0.4 points lower). Where a pod has fewer uplinks than servers the limit is 0
+# (`spread_limit`).
 OPTICAL_EXTRA_PODS = 1
 # Only a job of at most 1/SMALL_JOB_SHARE of a pod is held back: a compact layout
 # comes for it as soon as a few jobs in a pod end, while a bigger head would hold
@@ -261,9 +262,10 @@ def place_job(
     it would really get there; a job inside one pod prefers pods whose uplinks
     are taken, leaving free ones to jobs that need them. `max_extra_pods`: a job of
     at most a quarter pod (`SMALL_JOB_SHARE`) whose layout spans more pods than that
-    beyond the fewest its EP groups need (`fewest_pods`) waits (`NOT_NOW_SPREAD`)
-    when some pod of it has fewer free uplinks than its circuits need there; None
-    places it wherever servers are free.
+    (`spread_limit`: 0 where pods have fewer uplinks than servers) beyond the fewest
+    its EP groups need (`fewest_pods`) waits (`NOT_NOW_SPREAD`) when some pod of it
+    has fewer free uplinks than its circuits need there; None places it wherever
+    servers are free.
     """
     reasons = never_fits(cluster, job)
     if reasons:
@@ -319,10 +321,12 @@ def place_job(
             best = (servable[0][0], servable[0][1])
         if (  # cheapest tests first: most placements span one pod and stop at the second
             max_extra_pods is not None
-            and pods > 1 + max_extra_pods
+            and pods > 1
+            and (limit := spread_limit(cluster, max_extra_pods)) is not None
+            and pods > 1 + limit
             and job.parallelism.servers * SMALL_JOB_SHARE
             <= max(len(p.servers) for p in cluster.pods)
-            and pods > fewest_pods(cluster, job) + max_extra_pods
+            and pods > fewest_pods(cluster, job) + limit
             and _ports_short(cluster, job, best[1], ports)
         ):
             return Unplaceable(job.job_id, (NOT_NOW_SPREAD,))
@@ -331,6 +335,25 @@ def place_job(
         if any(not s.tor_id for s in slots):
             reason += "; " + EP_SPANS_TORS
         return Placement(job.job_id, tuple(best[1]), reason=reason)
+
+
+def spread_limit(cluster: Cluster, max_extra_pods: int | None) -> int | None:
+    """The pods a small job may span beyond the fewest it needs while some pod of the
+    layout lacks the free uplinks its circuits want there: `max_extra_pods`, but 0 on a
+    cluster where some pod has fewer uplinks than servers.
+
+    There the circuits a job split over two pods gets are a few of a pod's uplinks of
+    its own (a sprayed Clos would let its bursts use them all), and waiting for one pod
+    costs less than that (`bench_scale.py --family fleet-stress --extra-pods 1,0`,
+    generation seed 808, 3 seeds: 73.17 against 72.58 with 48 uplinks a pod, seed 404
+    72.32 against 71.45; 73.32 against 73.37 with 96, 73.44 against 73.58 with 192:
+    75 servers a pod).
+    """
+    if max_extra_pods is None or max_extra_pods == 0:
+        return max_extra_pods
+    if any(p.uplink_ports < len(p.servers) for p in cluster.pods):
+        return 0
+    return max_extra_pods
 
 
 def _all_joined(cluster: Cluster, pods: Set[str]) -> bool:

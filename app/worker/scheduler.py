@@ -14,7 +14,13 @@ from dataclasses import dataclass
 from app.engine.cluster import Cluster
 from app.engine.collective import aggregator_capacity
 from app.engine.job import Job
-from app.engine.placement import OPTICAL_EXTRA_PODS, Placer, fewest_pods, uplinks_free
+from app.engine.placement import (
+    OPTICAL_EXTRA_PODS,
+    Placer,
+    fewest_pods,
+    spread_limit,
+    uplinks_free,
+)
 from app.engine.queue import Admission, QueuePolicy, admit_queued, needs_servers
 from app.store import ConcurrentChange, PlacedCache, Snapshot, Store
 from app.store.mapping import placement_to_json
@@ -51,9 +57,10 @@ def queue_reasons(
             ep = job.parallelism.ep
             groups = f" in EP groups of {ep} servers inside a pod" if ep > 1 else ""
             spread = ""
-            if max_extra_pods is not None and ep == 1 and free >= job.servers_needed:
+            limit = spread_limit(cluster, max_extra_pods)
+            if limit is not None and ep == 1 and free >= job.servers_needed:
                 # enough servers, no EP groups to fit: only the spread rule holds it
-                most = fewest_pods(cluster, job) + max_extra_pods
+                most = fewest_pods(cluster, job) + limit
                 spread = (
                     f"; the free servers would spread it over more than {most} pod(s) whose "
                     f"uplinks are taken, so it waits for a compact layout"

@@ -24,6 +24,7 @@ from app.engine.placement import (
     fewest_pods,
     never_fits,
     place_job,
+    spread_limit,
     uplinks_free,
 )
 
@@ -141,7 +142,8 @@ def test_placement_properties(cluster: Cluster, data: st.DataObject) -> None:
         _check(cluster, free, job, result)
         assert result.reason.startswith("layout ")
         spans = len({cluster.server(s).pod_id for s in result.servers})
-        if limit is not None and spans > fewest_pods(cluster, job) + limit:
+        effective = spread_limit(cluster, limit)  # 0 where pods have fewer uplinks than servers
+        if effective is not None and spans > fewest_pods(cluster, job) + effective:
             # spread beyond the limit only where that starves nobody: a job bigger than a
             # quarter pod (never held back), or every pod with the uplinks it needs
             widest = max(len(p.servers) for p in cluster.pods)
@@ -151,9 +153,10 @@ def test_placement_properties(cluster: Cluster, data: st.DataObject) -> None:
         if result.reasons == (NOT_NOW_SPREAD,):
             # it waits for a compact layout only when the free servers would scatter a
             # small job over pods short of the uplinks its circuits need
-            assert limit is not None and isinstance(unlimited, Placement)
+            effective = spread_limit(cluster, limit)
+            assert effective is not None and isinstance(unlimited, Placement)
             spans = len({cluster.server(s).pod_id for s in unlimited.servers})
-            assert spans > fewest_pods(cluster, job) + limit
+            assert spans > fewest_pods(cluster, job) + effective
             assert job.parallelism.servers * 4 <= max(len(p.servers) for p in cluster.pods)
             assert _short(cluster, job, unlimited, ports)
         elif result.reasons == (NOT_NOW_UPLINKS,):
@@ -336,6 +339,36 @@ def test_the_placer_counts_a_spine_grant_against_the_spine_not_a_tor() -> None:
     assert all(place.aggregator_free_gbps[t] < 800.0 for t in use if t in tors)
     for spine in set(use) - tors:
         assert place.aggregator_free_gbps[spine] == 1e6 - use[spine]
+
+
+def test_where_pods_have_fewer_uplinks_than_servers_a_small_job_takes_no_extra_pod() -> None:
+    """seed-15k with 48 uplinks a pod (75 servers): a 4-server job that the free servers
+    would split over two pods, whose uplinks others' slices hold, waits for one pod
+    there; with 192 uplinks the same split is within the limit of one extra pod. With
+    the uplinks free it spreads at once either way."""
+    pod0, pod1 = SEED.pods[0], SEED.pods[1]
+    free = {s.id for s in pod0.servers[:2]} | {s.id for s in pod1.servers[:2]}
+    job = _job(4, model=FACTS)
+    scarce = build_cluster(
+        "seed-15k-48",
+        pods=len(SEED.pods),
+        tors_per_pod=len(pod0.tors),
+        servers_per_tor=len(pod0.tors[0].servers),
+        uplink_ports_per_pod=48,
+        oxcs=len(SEED.oxcs),
+        oxc_ports=SEED.oxcs[0].ports,
+    )
+    assert spread_limit(SEED, 1) == 1 and spread_limit(scarce, 1) == 0
+    assert spread_limit(scarce, None) is None
+    taken = {p.id: 2 for p in SEED.pods}
+    rich = place_job(SEED, free, job, ports_free=taken, max_extra_pods=1)
+    assert isinstance(rich, Placement)
+    assert len({SEED.server(s).pod_id for s in rich.servers}) == 2
+    waits = place_job(scarce, free, job, ports_free=taken, max_extra_pods=1)
+    assert isinstance(waits, Unplaceable) and waits.reasons == (NOT_NOW_SPREAD,)
+    assert isinstance(place_job(scarce, free, job, max_extra_pods=1), Placement)
+    # no limit set: the cluster's uplinks do not make one
+    assert isinstance(place_job(scarce, free, job, ports_free=taken), Placement)
 
 
 def test_a_job_the_free_servers_would_scatter_waits_for_a_compact_layout() -> None:
