@@ -176,17 +176,22 @@ def _places_with_ample_uplinks(
     cluster: Cluster, free: set[str], job: Job, agg: dict[str, float] | None = None
 ) -> bool:
     """The same free servers on the same pods with 64 uplinks each place `job`."""
+    ample = _with_uplinks(cluster, 64, oxcs=2, oxc_ports=32 * len(cluster.pods))
+    return isinstance(place_job(ample, free, job, aggregator_free_gbps=agg), Placement)
+
+
+def _with_uplinks(cluster: Cluster, uplinks: int, *, oxcs: int, oxc_ports: int) -> Cluster:
+    """The same pods, ToRs and servers with `uplinks` per pod over `oxcs` OXCs."""
     pod = cluster.pods[0]
-    ample = build_cluster(
-        "ample",
+    return build_cluster(
+        f"{cluster.name}-{uplinks}",
         pods=len(cluster.pods),
         tors_per_pod=len(pod.tors),
         servers_per_tor=len(pod.tors[0].servers),
-        uplink_ports_per_pod=64,
-        oxcs=2,
-        oxc_ports=32 * len(cluster.pods),
+        uplink_ports_per_pod=uplinks,
+        oxcs=oxcs,
+        oxc_ports=oxc_ports,
     )
-    return isinstance(place_job(ample, free, job, aggregator_free_gbps=agg), Placement)
 
 
 def test_never_fits_reasons() -> None:
@@ -349,15 +354,7 @@ def test_where_pods_have_fewer_uplinks_than_servers_a_small_job_takes_no_extra_p
     pod0, pod1 = SEED.pods[0], SEED.pods[1]
     free = {s.id for s in pod0.servers[:2]} | {s.id for s in pod1.servers[:2]}
     job = _job(4, model=FACTS)
-    scarce = build_cluster(
-        "seed-15k-48",
-        pods=len(SEED.pods),
-        tors_per_pod=len(pod0.tors),
-        servers_per_tor=len(pod0.tors[0].servers),
-        uplink_ports_per_pod=48,
-        oxcs=len(SEED.oxcs),
-        oxc_ports=SEED.oxcs[0].ports,
-    )
+    scarce = _with_uplinks(SEED, 48, oxcs=len(SEED.oxcs), oxc_ports=SEED.oxcs[0].ports)
     assert spread_limit(SEED, 1) == 1 and spread_limit(scarce, 1) == 0
     assert spread_limit(scarce, None) is None
     taken = {p.id: 2 for p in SEED.pods}
