@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import weakref
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
@@ -12,6 +13,9 @@ from app.settings import Settings
 
 # a pooled PostgreSQL connection idle longer than this is tested before use
 IDLE_PING_S = 1.0
+
+# what each PostgreSQL engine made here was created with, for `sibling_engine`
+_MADE_WITH: weakref.WeakKeyDictionary[Engine, dict[str, Any]] = weakref.WeakKeyDictionary()
 
 
 def create_db_engine(settings: Settings, *, for_writes: bool = True) -> Engine:
@@ -36,15 +40,24 @@ def create_db_engine(settings: Settings, *, for_writes: bool = True) -> Engine:
         )
         _configure_sqlite(engine, immediate=for_writes)
         return engine
+    made_with = {
+        "pool_timeout": settings.db_pool_timeout_s,
+        "connect_args": {"options": postgres_options(settings)},
+    }
     engine = create_engine(
-        url,
-        pool_size=settings.db_pool_size,
-        max_overflow=settings.db_pool_size,
-        pool_timeout=settings.db_pool_timeout_s,
-        connect_args={"options": postgres_options(settings)},
+        url, pool_size=settings.db_pool_size, max_overflow=settings.db_pool_size, **made_with
     )
+    _MADE_WITH[engine] = made_with
     _ping_when_idle(engine, IDLE_PING_S)
     return engine
+
+
+def sibling_engine(engine: Engine, **pool: Any) -> Engine:
+    """A PostgreSQL engine with a pool of its own (`pool`: its size and checks) and the
+    session settings of `engine`'s connections (lock and idle timeouts), and its pool
+    timeout: a statement on it waits for a lock no longer than one on `engine`."""
+    made_with = _MADE_WITH.get(engine, {})
+    return create_engine(engine.url, **{**made_with, **pool})
 
 
 def postgres_options(settings: Settings) -> str:

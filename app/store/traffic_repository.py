@@ -28,7 +28,6 @@ from sqlalchemy import (
     Connection,
     Engine,
     bindparam,
-    create_engine,
     func,
     insert,
     select,
@@ -40,6 +39,7 @@ from sqlalchemy.exc import DBAPIError, IntegrityError
 from app.engine.cross_connects import CrossConnect
 
 from . import tables as t
+from .database import sibling_engine
 from .fabric_repository import replace_desired
 from .repository import (
     NewDecision,
@@ -471,6 +471,19 @@ def _copy_reports(conn: Connection, reports: Sequence[dict[str, Any]], now: Any)
     """
     raw = conn.connection.driver_connection
     assert raw is not None
+    dbapi = conn.dialect.dbapi
+    assert dbapi is not None
+    try:
+        return _copy_rows(raw, reports, now)
+    except dbapi.Error as exc:
+        # the driver's own error, as SQLAlchemy raises it on every other statement (a
+        # lock timeout is an OperationalError: the API's 503, not a 500)
+        raise DBAPIError.instance(
+            "COPY traffic_reports", None, exc, dbapi.Error, dialect=conn.dialect
+        ) from exc
+
+
+def _copy_rows(raw: Any, reports: Sequence[dict[str, Any]], now: Any) -> list[int]:
     with raw.cursor() as cur:
         cur.execute(
             f"SELECT nextval('{REPORT_SEQUENCE}') FROM generate_series(1, %s)", (len(reports),)
@@ -489,11 +502,12 @@ def _copy_reports(conn: Connection, reports: Sequence[dict[str, Any]], now: Any)
 
 def _ingest_engine(write_engine: Engine) -> Engine:
     """PostgreSQL: a small pool of its own without pre-ping (a dead connection is
-    retried once instead of every checkout paying a round trip); SQLite: the
-    store's write engine (one writer at a time anyway)."""
+    retried once instead of every checkout paying a round trip), with the store's
+    session settings (a locked table is a 503 after the lock timeout, as on every
+    other write); SQLite: the store's write engine (one writer at a time anyway)."""
     if write_engine.dialect.name == "sqlite":
         return write_engine
-    return create_engine(write_engine.url, pool_size=2, max_overflow=2, pool_pre_ping=False)
+    return sibling_engine(write_engine, pool_size=2, max_overflow=2, pool_pre_ping=False)
 
 
 class GroupCommit:

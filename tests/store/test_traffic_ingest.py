@@ -263,3 +263,27 @@ def test_stored_predictions_are_read_for_many_jobs_at_once(repo: TrafficReposito
     assert found == {"j0": rows[0], "j2": rows[2]}
     assert repo.prediction("j1") == rows[1]
     assert repo.prediction("unknown") is None
+
+
+@pytest.mark.postgres
+def test_a_locked_report_table_fails_the_ingest_after_the_lock_timeout(postgres_url: str) -> None:
+    """The ingest's own connections carry the store's lock timeout: with the reports
+    table locked by another session, a batch fails after it (the API's 503) instead of
+    waiting for as long as the lock is held (a fault sweep's POST took 19 s)."""
+    from tests.conftest import _truncate
+
+    _truncate(postgres_url)
+    store = build_store(Settings(database_url=postgres_url, db_lock_timeout_ms=300))
+    repo = TrafficRepository(store)
+    with psycopg.connect(postgres_url) as holder:
+        holder.execute("LOCK TABLE traffic_reports IN ACCESS EXCLUSIVE MODE")
+        start = time.monotonic()
+        waiting = repo.submit([_report(1.0)])
+        with pytest.raises(OperationalError, match="lock timeout"):
+            waiting.result(timeout=5)  # without the timeout: a TimeoutError here
+        assert time.monotonic() - start < 3.0
+        holder.rollback()
+    accepted, last_seq = repo.ingest([_report(2.0)])  # the lock gone, the next one is stored
+    assert accepted == 1 and last_seq >= 1
+    repo.close()
+    store.dispose()
