@@ -62,6 +62,9 @@ log = logging.getLogger("lightpath.worker")
 POLL_S = 0.05  # the parent checks the lease and the child this often when idle
 RESTART_BACKOFF_S = (0.5, 10.0)  # first and longest wait before a restart
 STOP_S = 10.0  # a child not gone this long after `stop` is terminated
+# a child ended by SIGTERM is a stop, not a crash, if `stop` follows within this: a
+# signal to the whole process group (`timeout`, systemd) reaches the child first
+STOP_SIGNAL_GRACE_S = 1.0
 BATCH_LINGER_S = 0.002  # the child's messages wait this long for company
 # a pass thread silent this long is stalled: far past the slowest pass (tens of ms at
 # 300 jobs, seconds for a new term's first) and the failure back-off (5 s)
@@ -347,6 +350,8 @@ class FabricProcess:
                 if stop.is_set():
                     break
                 proc.join(timeout=1)
+                if proc.exitcode == -signal.SIGTERM and stop.wait(STOP_SIGNAL_GRACE_S):
+                    break
                 log.error(
                     "fabric process exited; restarting it",
                     extra={"pid": proc.pid, "exitcode": proc.exitcode, "after_s": backoff_s},

@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -61,6 +62,22 @@ def fabric_process(
 ) -> Iterator[tuple[FabricProcess, Parent, Store]]:
     settings = Settings(database_url=database_url, cluster="small", worker_tick_s=0.2)
     store = build_store(settings)
+    fp, parent, stop, thread = _started(settings, **options)
+    try:
+        assert fp.ready.wait(60), "the fabric process did not start"
+        yield fp, parent, store
+    finally:
+        stop.set()
+        thread.join(30)
+        store.dispose()
+    assert not thread.is_alive()
+    assert fp.pid is not None and not _alive(fp.pid), "the fabric process outlived stop"
+
+
+def _started(
+    settings: Settings, **options: Any
+) -> tuple[FabricProcess, Parent, threading.Event, threading.Thread]:
+    """A fabric process run by a thread, as the worker runs it, and its stop event."""
     parent = Parent()
     fp = FabricProcess(
         settings,
@@ -74,15 +91,7 @@ def fabric_process(
     stop = threading.Event()
     thread = threading.Thread(target=fp.run, args=(stop,), daemon=True)
     thread.start()
-    try:
-        assert fp.ready.wait(60), "the fabric process did not start"
-        yield fp, parent, store
-    finally:
-        stop.set()
-        thread.join(30)
-        store.dispose()
-    assert not thread.is_alive()
-    assert fp.pid is not None and not _alive(fp.pid), "the fabric process outlived stop"
+    return fp, parent, stop, thread
 
 
 @pytest.fixture
@@ -205,6 +214,25 @@ def test_a_child_that_dies_or_stalls_is_restarted_and_misses_nothing(
         _eventually(lambda: _viewed(store, "b"))  # the new child read the durable state
         time.sleep(3 * 0.2 + 2.0)  # a live child's rounds keep it from being killed
         assert fp.restarts == 1
+
+
+def test_a_stop_signal_to_the_process_group_is_a_stop_not_a_crash(
+    sqlite_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`timeout`, a terminal or systemd signal the worker's whole process group: the
+    child ends first and the worker, stopping a moment later, logged "fabric process
+    exited; restarting it" at error level (a fault sweep, 2 of 2 stops)."""
+    settings = Settings(database_url=sqlite_url, cluster="small", worker_tick_s=0.2)
+    fp, _, stop, thread = _started(settings)
+    assert fp.ready.wait(60), "the fabric process did not start"
+    assert fp.pid is not None
+    with caplog.at_level(logging.WARNING, logger="lightpath"):
+        os.kill(fp.pid, signal.SIGTERM)
+        time.sleep(0.3)  # the worker's own handler runs a moment after the child's end
+        stop.set()
+        thread.join(30)
+    assert not thread.is_alive() and fp.restarts == 0
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
 
 
 def test_the_lease_view_holds_the_token_until_its_local_expiry() -> None:
