@@ -15,6 +15,9 @@ import sys
 import time
 from typing import Any
 
+from sqlalchemy.exc import DisconnectionError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
+
 _STANDARD = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message", "asctime"}
 
 
@@ -53,3 +56,25 @@ def configure_logging(level: str) -> None:
     # httpx logs every southbound request at INFO (URL and all): hundreds a second
     for noisy in ("uvicorn.access", "alembic.runtime.plugins", "httpx", "httpcore"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+# what a database that is down, restarting, locked or out of connections raises
+_DATABASE_UNAVAILABLE = (OperationalError, PoolTimeout, DisconnectionError)
+
+
+def log_pass_failure(
+    log: logging.Logger, what: str, exc: BaseException, then: str = "retrying"
+) -> None:
+    """A background pass (`what`) failed and will be retried (`then` says how): one
+    warning line naming
+    the driver's message when the database is unavailable (expected during an outage,
+    and its traceback would carry the statement and its parameters), else the error
+    with its traceback."""
+    if isinstance(exc, _DATABASE_UNAVAILABLE):
+        cause = str(getattr(exc, "orig", None) or exc).strip().splitlines()
+        log.warning(
+            f"{what} failed: the database is unavailable; {then}",
+            extra={"error": (cause[0] if cause else type(exc).__name__)[:300]},
+        )
+    else:
+        log.error(f"{what} failed; {then}", exc_info=exc)

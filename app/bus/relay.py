@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from app.logs import log_pass_failure
 from app.store import Store
 
 from .errors import BusUnavailable
@@ -86,8 +87,8 @@ class OutboxRelay:
             except BusUnavailable as exc:
                 outage.failed(exc)
                 self._stop.wait(1.0)
-            except Exception:
-                log.exception("outbox relay pass failed; retrying")
+            except Exception as exc:
+                log_pass_failure(log, "outbox relay pass", exc)
                 self._stop.wait(1.0)
 
     def start(self) -> None:

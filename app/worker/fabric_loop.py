@@ -20,6 +20,8 @@ import threading
 import time
 from collections.abc import Callable
 
+from app.logs import log_pass_failure
+
 from .fabric_driver import FabricDriver
 from .metrics import WorkerMetrics
 
@@ -139,8 +141,8 @@ class FabricLoop:
                 self.after_pass(not backlog and not self._due.is_set())
                 if backlog:  # reports left after the pass's budget: go on at once
                     self._due.set()
-            except Exception:
-                log.exception("fabric pass failed; retrying from the durable state")
+            except Exception as exc:
+                log_pass_failure(log, "fabric pass", exc, "retrying from the durable state")
                 self._reset = True
                 self.replan.set()
                 stop.wait(backoff_s)

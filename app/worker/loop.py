@@ -37,6 +37,7 @@ from app.bus.messages import AdmitJob, CompleteJob, Delivery, JobsChanged, Messa
 from app.bus.outage import OutageLog
 from app.engine.cluster import Cluster
 from app.engine.job_lease import expired_leases
+from app.logs import log_pass_failure
 from app.settings import Settings
 from app.store import PlacedCache, Store
 from app.store.fencing import Fenced
@@ -311,8 +312,8 @@ class Worker:
                 self.take_over()
                 time.sleep(backoff_s)
                 backoff_s = min(backoff_s * 2, 5.0)
-            except Exception:
-                log.exception("worker pass failed; retrying from the durable state")
+            except Exception as exc:
+                log_pass_failure(log, "worker pass", exc, "retrying from the durable state")
                 self.take_over()
                 time.sleep(backoff_s)
                 backoff_s = min(backoff_s * 2, 5.0)

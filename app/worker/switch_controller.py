@@ -28,6 +28,7 @@ from dataclasses import replace
 
 from app.engine.cluster import Cluster
 from app.engine.cross_connects import CrossConnect
+from app.logs import log_pass_failure
 from app.southbound import SouthboundDriver
 from app.southbound.reconcile import ReconcileResult, RetryPolicy, reconcile
 from app.store.fabric_repository import ConfirmedOxc, FabricRepository
@@ -225,8 +226,8 @@ class SwitchController:
                 if full:
                     last_full = time.monotonic()
                 wait_s = result.requeue_after_s if result.requeue_after_s else self.resync_s
-            except Exception:
-                log.exception("reconciliation pass failed; retrying")
+            except Exception as exc:
+                log_pass_failure(log, "reconciliation pass", exc)
                 wait_s = min(self.resync_s, 1.0)
 
 
