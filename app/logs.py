@@ -66,10 +66,9 @@ def log_pass_failure(
     log: logging.Logger, what: str, exc: BaseException, then: str = "retrying"
 ) -> None:
     """A background pass (`what`) failed and will be retried (`then` says how): one
-    warning line naming
-    the driver's message when the database is unavailable (expected during an outage,
-    and its traceback would carry the statement and its parameters), else the error
-    with its traceback."""
+    warning line naming the driver's message when the database is unavailable
+    (expected during an outage, and its traceback would carry the statement and its
+    parameters), else the error with its traceback."""
     if isinstance(exc, _DATABASE_UNAVAILABLE):
         cause = str(getattr(exc, "orig", None) or exc).strip().splitlines()
         log.warning(

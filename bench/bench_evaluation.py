@@ -198,16 +198,11 @@ def targets(aggregates: list[dict[str, Any]]) -> dict[str, Any]:
     if same and len(same["values"]) == len(lp["values"]):
         diffs = [100 * (a - b) for a, b in zip(lp["values"], same["values"], strict=True)]
         mean, half = mean_ci95(diffs)
-        # a difference the two-decimal figures would print as 0.00 is level
-        word = (
-            "level"
-            if abs(mean) < NEGLIGIBLE_POINTS
-            else "above"
-            if mean - half > 0
-            else "below"
-            if mean + half < 0
-            else "level"
-        )
+        # level: the interval holds 0, or the two-decimal figures would print 0.00
+        if abs(mean) < NEGLIGIBLE_POINTS or mean - half <= 0 <= mean + half:
+            word = "level"
+        else:
+            word = "above" if mean > 0 else "below"
         out["minus_same_cost"] = {"points": mean, "ci95": half, "verdict": word}
     return out
 

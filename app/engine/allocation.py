@@ -1411,10 +1411,10 @@ def _spare_wanted(
     spare_j: Mapping[tuple[str, str], int],
     old: JobAllocation | None,
 ) -> tuple[tuple[str, int], ...]:
-    """(pod, ports) an isolated job `w` wants beyond its circuits `mine` and spare ports
-    `spare_j`, in its demand's `want` order: on each of its pods, up to its want there and to what
-    the pods it talks to from there want (a circuit needs a port at its other end too:
-    a two-pod job held 16 ports on one pod facing 9 on the other).
+    """(pod, ports) an isolated job `w` wants beyond its circuits `mine` and spare
+    ports `spare_j`, in its demand's `want` order: on each of its pods, up to its want
+    there and to what the pods it talks to from there want (a circuit needs a port at
+    its other end too: a two-pod job held 16 ports on one pod facing 9 on the other).
 
     Kept on `old` when the job holds just what `old` lists: about 300 jobs are asked
     per event and most hold what they held.
