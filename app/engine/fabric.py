@@ -163,10 +163,11 @@ class FabricPlan:
 
     def job(self, job_id: str) -> JobFabric | None:
         """The job's entry, or None."""
-        if self._by_id is None:
-            object.__setattr__(self, "_by_id", {j.job_id: j for j in reversed(self.jobs)})
-            assert self._by_id is not None
-        return self._by_id.get(job_id)
+        by_id = self._by_id
+        if by_id is None:
+            by_id = {j.job_id: j for j in reversed(self.jobs)}
+            object.__setattr__(self, "_by_id", by_id)
+        return by_id.get(job_id)
 
 
 @dataclass(frozen=True, slots=True)
