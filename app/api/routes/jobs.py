@@ -375,7 +375,9 @@ async def list_jobs(
     ] = 0,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> JSONResponse:
-    """Jobs in submission order, a page at a time."""
+    """Jobs in submission order (the order they were stored, the queue's first-come
+    order), a page at a time. `submitted_at` is read when a request arrives, so jobs
+    sent together by several launchers can list a few ms out of `submitted_at` order."""
     # one row past the page says whether another page follows: `next` is null on the last
     records = await run_in_threadpool(
         services.store.list_jobs, state, after_order=after, limit=limit + 1
