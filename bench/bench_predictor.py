@@ -10,7 +10,9 @@ real per-worker jitter of data/traces/iteration_jitter (PAI 2020, CC BY
 slower than 1.5x has only 1/x of its bytes in the report. MoE variants add an
 uneven inter-pod AllToAll after the forward and backward passes. Pattern-change
 variants switch micro-batch count mid-run, or relabel every plan (another job
-arrived and the job's port slice, hence every circuit plan, changed).
+arrived and the job's port slice, hence every circuit plan, changed). Collector
+restarts send one report twice, or lose one, mid-run: every later phase moves by
+a place.
 
 Bounds (exit 1 when missed): total lightpath misses <= 0.6 x seed's; a
 stationary pattern of period p costs lightpath at most 2p+1 misses; predictor
@@ -238,6 +240,11 @@ def build_suite(
             base = plan_ids([it] * ITERATIONS, rng, jitter)
             arrival = base + [p + "'" for p in base] + base
             suite.append((f"{name} {kind} job arrives+leaves", arrival, None))
+            if base:  # a collector restart: one report sent twice, or lost (mid-run)
+                at = rng.randrange(len(base) // 3, 2 * len(base) // 3)
+                twice = base[: at + 1] + base[at:]
+                suite.append((f"{name} {kind} a report twice", twice, None))
+                suite.append((f"{name} {kind} a report lost", base[:at] + base[at + 1 :], None))
     return suite
 
 

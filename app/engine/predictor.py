@@ -15,7 +15,11 @@ before the next phase. Two algorithms share one interface:
   when the pattern changes the new period's expert overtakes as soon as it is
   right again, because old mistakes fade. A single odd phase (a glitch) is not
   learnt as part of the pattern: an expert whose plan p phases ago was its only
-  recent surprise predicts the plan 2p phases ago instead.
+  recent surprise predicts the plan 2p phases ago instead. A phase inserted or
+  dropped (a report sent twice or lost) shifts every later phase by a place: the
+  leader, once it has predicted a whole period without a miss, keeps the lead
+  unless an expert that has done the same is better by half a mistake, so the
+  longer periods that line up with the shift for a while do not take over.
 
 States are frozen values and `step` is pure: (state, plan) -> (new state, Step).
 Pure module: no I/O, no clock, no FastAPI/SQLAlchemy/Redis/pydantic imports.
@@ -43,6 +47,8 @@ DEFAULT_DECAY = 0.75
 # Decay of the scores that choose between the period experts and the seed algorithm:
 # slower than DEFAULT_DECAY, so the choice flips only on a sustained difference.
 _META_DECAY = 0.95
+# How much fewer decayed mispredictions another expert needs to take the lead.
+_SWITCH_MARGIN = 0.5
 # The seed algorithm's queue holds every plan since learning began and grows without
 # bound on aperiodic sequences; the embedded copy restarts beyond this length (a
 # queue that long predicts nothing the period experts cannot).
@@ -151,6 +157,7 @@ class LightpathState:
     raw_surprise_at: tuple[int, ...] = ()  # last k with plan[k] != plan[k - p], -1 if none
     leader: int = 0  # period of the leading expert, 0 before any plan was seen
     leader_since: int = 0  # count when the leader last mispredicted or took over
+    leader_proven: bool = False  # it predicted a whole period (2+ phases) without a miss
     expert_plan: str | None = None  # the leading period expert's plan for the next phase
     seed: SeedState = SeedState()  # the seed algorithm run alongside, as a safety net
     expert_score: float = 0.0  # decayed mispredictions of the period experts' choice
@@ -233,6 +240,10 @@ def step_lightpath(state: LightpathState, plan: str) -> tuple[LightpathState, St
         if hist[n - (i + 1) - base] != plan:  # the raw lag comparison, for glitch repair
             surprise[i] = n
     leader_since = state.leader_since
+    # a whole period (at least two phases) predicted without a miss since it led
+    proven = state.leader_proven or (
+        state.leader > 0 and n - state.leader_since >= max(2, state.leader)
+    )
     if not hit:
         leader_since = n + 1
 
@@ -252,19 +263,40 @@ def step_lightpath(state: LightpathState, plan: str) -> tuple[LightpathState, St
     # its one recent surprise and the plans 2p and 3p ago agree (a glitch, not a change).
     predictions: list[str] = []
     best = 0
+    seasoned = 0  # the best of the experts that predicted a whole period of their own
     for i in range(len(scores)):
         p = i + 1
         guess = hist[n - p - base]
-        if surprise[i] == n - p and p >= 2 and n - 3 * p >= base:
+        if (
+            surprise[i] == n - p
+            and p >= 2
+            and n - 3 * p >= base
+            # the phase before the surprise was as p phases earlier: one odd phase, not
+            # a phase inserted or dropped (which shifts every later one by a place)
+            and hist[n - p - 1 - base] == hist[n - 2 * p - 1 - base]
+        ):
             older = hist[n - 2 * p - base]
             if older == hist[n - 3 * p - base]:
                 guess = older
         predictions.append(guess)
         if scores[i] < scores[best]:
             best = i
+        if scores[i] < scores[seasoned] and 2 * p <= n:
+            seasoned = i
+    # A proven leader keeps the lead unless an expert that predicted a whole period of
+    # its own is better by half a mistake: a phase inserted or dropped costs the true
+    # period's expert a few misses in a row, while a longer period (often one that just
+    # joined) happens to line up with the shift for a while.
+    incumbent = state.leader - 1
+    if proven and 0 <= incumbent < len(scores):
+        if scores[seasoned] <= scores[incumbent] - _SWITCH_MARGIN:
+            best = seasoned
+        else:
+            best = incumbent
     leader = best + 1
     if leader != state.leader:
         leader_since = n
+        proven = False
 
     # 4. The safety net: follow the seed algorithm only while its recent record is
     # strictly better, so lightpath is never much worse than seed on any sequence
@@ -284,6 +316,7 @@ def step_lightpath(state: LightpathState, plan: str) -> tuple[LightpathState, St
         raw_surprise_at=tuple(surprise),
         leader=leader,
         leader_since=leader_since,
+        leader_proven=proven,
         expert_plan=expert_plan,
         seed=seed,
         expert_score=expert_score,

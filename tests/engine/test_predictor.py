@@ -181,6 +181,27 @@ def test_lightpath_does_not_learn_a_glitch() -> None:
     assert count_misses(steps[40:]) <= 2  # the glitch itself and the plan after it
 
 
+@pytest.mark.parametrize("cycles", [5, 10, 30, 60, 100])
+@pytest.mark.parametrize("lost", [False, True])
+def test_a_report_sent_twice_or_lost_costs_two_misses_and_keeps_the_period(
+    cycles: int, lost: bool
+) -> None:
+    # A telemetry collector restarting sends one DP/PP report twice, or loses one: every
+    # later phase moves by a place. The two misses at the shift are unavoidable; no
+    # longer period that lines up with the shift for a while takes the lead, and the
+    # period stays 2 (it read 79, then 163: the whole history, for ~170 phases).
+    before = cyc("pp dp", cycles)
+    plans = before[:-1] + cyc("pp dp", 80) if lost else before + ["dp"] + cyc("pp dp", 80)
+    state = new_predictor("lightpath")
+    steps = []
+    for plan in plans:
+        state, s = step(state, plan)
+        steps.append(s)
+        if len(steps) > len(before) + 4:
+            assert state.period == 2 and len(state.queue) == 2
+    assert count_misses(steps[len(before) - 1 :]) == 2
+
+
 def test_lightpath_ignores_an_unpredictable_moe_slot() -> None:
     # An uneven AllToAll that never repeats exactly: one unavoidable miss per cycle.
     plans = [x for i in range(40) for x in ("pp", f"a2a-{i}", "pp", "dp")]
