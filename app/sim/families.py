@@ -41,11 +41,14 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from app.engine.cluster import Cluster
-from app.engine.job import Job, ModelFacts, Parallelism, PipelineSchedule
+from app.engine.job import Job, ModelFacts, Parallelism
 
 from .timing import ideal_iteration_estimate_s
+
+# Every family's jobs run as Megatron-LM runs them (`workload.MEGATRON_SCHEDULE`)
 from .workload import (
     DEFAULT_TABLES,
+    MEGATRON_SCHEDULE,
     ModelRow,
     WorkloadError,
     WorkloadJob,
@@ -65,10 +68,6 @@ FAMILY_GPU = {"comm-heavy": "b200", "fleet": "b200", "fleet-stress": "b200"}
 STRESS_SERVERS = (1, 2, 4, 4, 8, 8, 16, 16)
 STRESS_RUN_S = (3600.0, 6 * 3600.0)
 
-# Every family's jobs run as Megatron-LM runs them: the 1F1B pipeline schedule and
-# activation recomputation (the timing model's FLOPs count the recomputation), so
-# the memory check the service and the simulator apply sees what such a run holds.
-MEGATRON_SCHEDULE = PipelineSchedule.ONE_F_ONE_B
 
 # (name, hidden size, layers, total parameters, experts)
 MOE_SHAPES = (

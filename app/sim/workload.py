@@ -26,7 +26,7 @@ import math
 import random
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +57,10 @@ MAX_ARRIVAL_S = 3.2e9
 # a billion iterations: a run of 10**18 gave a makespan of 9.3e18 s, and 10**400 a
 # traceback (an integer too large for a float); real runs are 10**3-10**6
 MAX_ITERATIONS = 10**9
+# A model table's row runs as Megatron-LM ran it: the 1F1B pipeline schedule and
+# activation recomputation (the timing model's FLOPs count the recomputation), so
+# the memory check the service and the simulator apply sees what such a run holds.
+MEGATRON_SCHEDULE = PipelineSchedule.ONE_F_ONE_B
 
 
 def check_span(entries: Sequence[WorkloadJob], cause: str) -> None:
@@ -199,9 +203,23 @@ def workload_job_to_dict(entry: WorkloadJob) -> dict[str, Any]:
 
 
 def write_workload(path: str | Path, jobs: Iterable[WorkloadJob]) -> int:
-    """Write jobs as JSON Lines; returns how many were written."""
-    lines = [json.dumps(workload_job_to_dict(j), separators=(",", ":")) for j in jobs]
-    Path(path).write_text("".join(line + "\n" for line in lines))
+    """Write jobs as JSON Lines (gzip'd for a path ending in `.gz`, as `read_workload`
+    reads it); returns how many were written.
+
+    Every entry is checked as `read_workload` will read it, so no file is written that
+    `simulate` refuses (WorkloadError naming the first entry that would be)."""
+    lines = []
+    for number, entry in enumerate(jobs, 1):
+        data = workload_job_to_dict(entry)
+        parse_workload_job(data, f"job {number}", number)
+        lines.append(json.dumps(data, separators=(",", ":")))
+    text = "".join(line + "\n" for line in lines)
+    p = Path(path)
+    if p.suffix == ".gz":
+        with gzip.open(p, "wt") as f:
+            f.write(text)
+    else:
+        p.write_text(text)
     return len(lines)
 
 
@@ -299,11 +317,18 @@ def job_from_row(job_id: str, row: ModelRow, servers: int, order: int) -> Job:
         num_layers=row.num_layers,
         seq_len=row.seq_len,
         microbatch_size=1,
+        activation_checkpointing=True,
     )
-    shell = Job(job_id, Parallelism(dp=dp, pp=pp, ep=1), model, submitted_order=order)
+    shell = Job(
+        job_id,
+        Parallelism(dp=dp, pp=pp, ep=1),
+        model,
+        submitted_order=order,
+        schedule=MEGATRON_SCHEDULE,
+    )
     forward, backward, optimizer = stage_compute(shell, tflops_per_gpu=row.tflops_per_gpu)
     compute = ComputeTimes(round(forward, 6), round(backward, 6), round(optimizer, 6))
-    return Job(job_id, shell.parallelism, model, compute, submitted_order=order)
+    return replace(shell, compute=compute)
 
 
 def read_trace_rows(path: Path) -> list[dict[str, str]]:

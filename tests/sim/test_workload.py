@@ -6,11 +6,14 @@ import csv
 import gzip
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from app.engine.gpu_profiles import DEFAULT_GPU, gpu_profile
 from app.engine.job import PipelineSchedule
+from app.engine.memory import DEFAULT_ZERO_STAGE, check_job_memory
 from app.job_body import JOB_EXAMPLE
 from app.sim.commands import run_from_trace
 from app.sim.workload import (
@@ -196,3 +199,40 @@ def test_importer_errors(tmp_path: Path) -> None:
     bad.write_text(header + "j1,1e300,100,8\n")
     with pytest.raises(WorkloadError, match="arrival_s must be a number from 0 to"):
         from_kalos_trace(bad)
+
+
+def test_imported_trace_jobs_fit_gpu_memory_as_megatron_ran_them() -> None:
+    # The table rows are Megatron-LM runs (1F1B, activation recomputation): imported
+    # without those, 57 of the README example's 200 jobs (39.1B at dp32 pp2, 76.1B at
+    # dp32 pp4) needed 243-277 GiB per GPU and were refused by simulate's admission.
+    gpu = gpu_profile(DEFAULT_GPU)
+    for entry in from_kalos_trace(TRACE, jobs=200):
+        job = entry.job
+        assert job.schedule is PipelineSchedule.ONE_F_ONE_B
+        check = check_job_memory(job, gpu.memory_bytes, tp=8, zero_stage=DEFAULT_ZERO_STAGE)
+        assert check is not None and check.fits, (job.job_id, check and check.reasons)
+
+
+def test_a_gz_workload_is_written_gzipped_and_reads_back(tmp_path: Path) -> None:
+    jobs = from_kalos_trace(TRACE, jobs=5)
+    path = tmp_path / "w.jsonl.gz"
+    assert write_workload(path, jobs) == 5
+    with gzip.open(path, "rt") as f:  # really gzip, as read_workload reads a .gz
+        assert len(f.read().splitlines()) == 5
+    assert [workload_job_to_dict(j) for j in read_workload(path)] == [
+        workload_job_to_dict(j) for j in jobs
+    ]
+
+
+def test_no_workload_is_written_that_simulate_would_refuse(tmp_path: Path) -> None:
+    # a trace row of 1e10 s made 1.4e9 iterations (simulate takes at most 1e9), one of
+    # 1e8 GPUs a dp of 781,250 (at most 65,536): the file was written with exit 0
+    huge = tmp_path / "huge.csv"
+    huge.write_text("job_id,arrival_s,duration_s,num_gpus\na,0,1e10,8\n")
+    out = tmp_path / "out.jsonl"
+    assert run_from_trace(str(huge), str(out), None, 0) != 0
+    assert not out.exists()
+    entry = from_kalos_trace(TRACE, jobs=1)[0]
+    with pytest.raises(WorkloadError, match="iterations must be"):
+        write_workload(out, [replace(entry, iterations=2 * 10**9)])
+    assert not out.exists()
