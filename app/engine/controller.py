@@ -24,8 +24,9 @@ the decisions it returns. `step(state, event) -> (state, decisions)`:
 Accounting, measured not believed (the same definition in the API, metrics and
 simulator): a phase is a `hit` when the switches had confirmed the topology the
 controller planned for that phase before the phase started; `held` when it ran
-on a topology the controller chose to keep (the pp+dp topology, or any topology
-for a phase with no inter-pod traffic); a `miss` otherwise. `exposed_s` is time
+on a topology the controller chose to keep (the pp+dp topology, the home one,
+another phase's it kept rather than expose a rewiring its gap could not hide, or
+any topology for a phase with no inter-pod traffic); a `miss` otherwise. `exposed_s` is time
 phases waited on circuits still being switched (start to confirmation), each
 moment once however many phases waited through it (it never exceeds the time
 that passed). A
@@ -267,6 +268,9 @@ class JobCycle:
     home_of: tuple[object, ...] = ()
     # when (controller time) a report last proved the reporter's clock ahead of ours
     clock_ahead_at_s: float | None = None
+    # when the controller last chose to keep what is installed for the next phase (a
+    # rewiring would not have fitted its gap): phases after that run on a kept topology
+    kept_at_s: float | None = None
 
     def clock_trusted(self, now_s: float) -> bool:
         return self.clock_ahead_at_s is None or now_s - self.clock_ahead_at_s > CLOCK_DISTRUST_S
@@ -945,7 +949,11 @@ def _score(cycle: JobCycle, plan_id: str, started_at_s: float, *, timed: bool = 
         return replace(cycle, accounting=cycle.accounting.plus("miss", exposed))
     if install.target == plan_id:
         return replace(cycle, accounting=cycle.accounting.plus("hit" if timed else "miss"))
-    if install.target in (HELD_PLAN, cycle.home):
+    if install.target in (HELD_PLAN, cycle.home) or (
+        cycle.kept_at_s is not None and install.requested_at_s <= cycle.kept_at_s <= started_at_s
+    ):
+        # the topology kept for it: the pp+dp one, the home one, or another phase's the
+        # controller chose to keep rather than expose a rewiring
         return replace(cycle, accounting=cycle.accounting.plus("held"))
     return replace(cycle, accounting=cycle.accounting.plus("miss"))
 
@@ -981,6 +989,8 @@ def _observed(
     if fits is not None:
         period = predictor.period or 1
         cycle = replace(cycle, fits=(cycle.fits + (fits,))[-max(2, period) :])
+    if target is None and fits is False:
+        cycle = replace(cycle, kept_at_s=e.at_s)
     cycles = dict(state.cycles)
     cycles[e.job_id] = cycle
     state = replace(state, cycles=cycles)
