@@ -26,12 +26,11 @@ simulator): a phase is a `hit` when the switches had confirmed the topology the
 controller planned for that phase before the phase started; `held` when it ran
 on a topology the controller chose to keep (the pp+dp topology, the home one,
 another phase's it kept rather than expose a rewiring its gap could not hide, or
-any topology for a phase with no inter-pod traffic); a `miss` otherwise. `exposed_s` is time
-phases waited on circuits still being switched (start to confirmation), each
-moment once however many phases waited through it (it never exceeds the time
-that passed). A
-phase that starts while its job's change is unconfirmed is scored when the
-confirmation comes.
+any topology for a phase with no inter-pod traffic); a `miss` otherwise.
+`exposed_s` is time phases waited on circuits still being switched (start to
+confirmation), each moment once however many phases waited through it (it never
+exceeds the time that passed). A phase that starts while its job's change is
+unconfirmed is scored when the confirmation comes.
 
 Phase starts come from the reporter's clock. A phase reported to start after the
 controller saw it proves that clock runs ahead of ours: its start is taken as

@@ -44,8 +44,6 @@ from app.engine.cluster import Cluster
 from app.engine.job import Job, ModelFacts, Parallelism
 
 from .timing import ideal_iteration_estimate_s
-
-# Every family's jobs run as Megatron-LM runs them (`workload.MEGATRON_SCHEDULE`)
 from .workload import (
     DEFAULT_TABLES,
     MEGATRON_SCHEDULE,
@@ -67,7 +65,8 @@ MAX_DURATION_S = 48 * 3600.0
 FAMILY_GPU = {"comm-heavy": "b200", "fleet": "b200", "fleet-stress": "b200"}
 STRESS_SERVERS = (1, 2, 4, 4, 8, 8, 16, 16)
 STRESS_RUN_S = (3600.0, 6 * 3600.0)
-
+# Every family's jobs run as Megatron-LM runs them: `workload.MEGATRON_SCHEDULE`,
+# with activation recomputation.
 
 # (name, hidden size, layers, total parameters, experts)
 MOE_SHAPES = (
