@@ -46,6 +46,7 @@ as it was.
 
 from __future__ import annotations
 
+import functools
 import heapq
 import math
 from collections import defaultdict
@@ -648,6 +649,9 @@ def allocate_ports(
             isolated.append(d.job_id)
             continue
         short = [k for k, c in w.have.items() if c == 0]
+        # what the shrinks learn of the donors serves the arrival's rebalance too (only
+        # this job gains circuits until it is placed)
+        donor_cache = _DonorCache(gave) if arrival and short else None
         if not short:
             isolated.append(d.job_id)
         elif (
@@ -663,14 +667,8 @@ def allocate_ports(
                     taken := _take_all(
                         ports,
                         short,
-                        lambda pair: _shrink_for(
-                            ports,
-                            circuits,
-                            work,
-                            isolated,
-                            [pair],
-                            port_bps,
-                            cache=_DonorCache(gave),
+                        functools.partial(
+                            _shrink_pair, ports, circuits, work, isolated, port_bps, donor_cache
                         ),
                     )
                 )
@@ -682,7 +680,15 @@ def allocate_ports(
                 w.have[(a, b)] += 1
             isolated.append(d.job_id)
             if arrival and d.job_id not in prev_jobs:
-                _rebalance_for(d.job_id, ports, circuits, work, isolated, port_bps, gave)
+                _rebalance_for(
+                    d.job_id,
+                    ports,
+                    circuits,
+                    work,
+                    isolated,
+                    port_bps,
+                    donor_cache or _DonorCache(gave),
+                )
         else:
             unserved.append(d.job_id)
 
@@ -1561,6 +1567,19 @@ def _shrink_for(
     return True
 
 
+def _shrink_pair(
+    ports: _Ports,
+    circuits: dict[str, dict[tuple[str, str, str], int]],
+    work: Mapping[str, _Job],
+    isolated: Sequence[str],
+    port_bps: float,
+    cache: _DonorCache | None,
+    pair: tuple[str, str],
+) -> bool:
+    """`_shrink_for` one pair (an arrival's `_take_all` makes room with it)."""
+    return _shrink_for(ports, circuits, work, isolated, [pair], port_bps, cache=cache)
+
+
 # OXC -> (job, circuit key) of the donors' circuits that touch a pair's pods
 _DonorIndex = dict[str, list[tuple[str, tuple[str, str, str]]]]
 # (slowdown after giving, job, circuit): a heap, least first
@@ -1671,17 +1690,17 @@ def _rebalance_for(
     work: Mapping[str, _Job],
     isolated: Sequence[str],
     port_bps: float,
-    gave: set[str],
+    cache: _DonorCache,
 ) -> None:
     """Water-filling for an arrival on top of what runs: the new job takes circuits
-    from jobs on its pods while they stay less slowed than it is (one at a time)."""
+    from jobs on its pods while they stay less slowed than it is (one at a time).
+    `cache` holds what earlier shrinks for this job learnt of the donors."""
     w = work[job_id]
     mine = circuits.setdefault(job_id, {})
     near = w.pod_set
     # donors by pod: a pair's shrink looks only at the jobs on its two pods; their
     # circuits by OXC and their slowdowns are kept between shrinks (only this job
     # gains circuits here, donors only give)
-    cache = _DonorCache(gave)
     donors: dict[str, list[str]] = {p: [] for p in near}
     for x in isolated:
         if x != job_id:
