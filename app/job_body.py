@@ -19,13 +19,27 @@ import math
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, Strict, StrictBool, StrictInt, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    Strict,
+    StrictBool,
+    StrictInt,
+    field_validator,
+    model_validator,
+)
 
 from app.engine.job import (
     MAX_ACTIVATION_BYTES,
+    MAX_ATTENTION_HEADS,
     MAX_BYTES_PER_PARAMETER,
     MAX_COMPUTE_S,
+    MAX_HIDDEN_SIZE,
+    MAX_LAYERS,
+    MAX_MICROBATCH_SIZE,
     MAX_PARAMETERS,
+    MAX_SEQ_LEN,
     Collective,
     ComputeTimes,
     Job,
@@ -40,6 +54,14 @@ Number = Annotated[float, Strict(), Field(allow_inf_nan=False)]
 Parameters = Annotated[Number, Field(gt=0, le=MAX_PARAMETERS)]
 BytesPerParameter = Annotated[Number, Field(gt=0, le=MAX_BYTES_PER_PARAMETER)]
 ComputeSeconds = Annotated[Number, Field(ge=0, le=MAX_COMPUTE_S)]
+ActivationBytes = Annotated[Number, Field(ge=0, le=MAX_ACTIVATION_BYTES)]
+Microbatches = Annotated[StrictInt, Field(ge=1, le=1_000_000)]
+HiddenSize = Annotated[StrictInt, Field(ge=1, le=MAX_HIDDEN_SIZE)]
+Layers = Annotated[StrictInt, Field(ge=1, le=MAX_LAYERS)]
+SeqLen = Annotated[StrictInt, Field(ge=1, le=MAX_SEQ_LEN)]
+MicrobatchSize = Annotated[StrictInt, Field(ge=1, le=MAX_MICROBATCH_SIZE)]
+AttentionHeads = Annotated[StrictInt, Field(ge=1, le=MAX_ATTENTION_HEADS)]
+ZeroStage = Annotated[StrictInt, Field(ge=0, le=3)]
 # No "/" (nor anything else a path segment would have to escape): every id the
 # pattern admits is addressable, raw or percent-encoded, by every route.
 JOB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:@+-]{0,199}$"
@@ -69,21 +91,43 @@ class ModelIn(StrictModel):
 
     parameters: Parameters | None = Field(None, description="parameter count (at most 1e15)")
     bytes_per_parameter: BytesPerParameter | None = None
-    activation_bytes: Annotated[Number, Field(ge=0, le=MAX_ACTIVATION_BYTES)] | None = Field(
+    activation_bytes: ActivationBytes | None = Field(
         None, description="pipeline-boundary activation bytes per micro-batch (at most 1e13)"
     )
-    microbatches: Annotated[StrictInt, Field(ge=1, le=1_000_000)] | None = Field(
+    microbatches: Microbatches | None = Field(
         None, description="micro-batches per iteration (GPipe)"
     )
-    hidden_size: Annotated[StrictInt, Field(ge=1)] | None = None
-    num_layers: Annotated[StrictInt, Field(ge=1)] | None = None
-    seq_len: Annotated[StrictInt, Field(ge=1)] | None = None
-    microbatch_size: Annotated[StrictInt, Field(ge=1)] | None = None
+    hidden_size: HiddenSize | None = None
+    num_layers: Layers | None = None
+    seq_len: SeqLen | None = None
+    microbatch_size: MicrobatchSize | None = None
+    attention_heads: AttentionHeads | None = Field(
+        None, description="for the memory model (default hidden_size / 128)"
+    )
     optimizer: Literal["adam", "sgd"] | None = None
     activation_checkpointing: StrictBool | None = None
-    zero_stage: Annotated[StrictInt, Field(ge=0, le=3)] | None = Field(
+    zero_stage: ZeroStage | None = Field(
         None, description="ZeRO stage for the memory check (default LIGHTPATH_DEFAULT_ZERO_STAGE)"
     )
+
+    @model_validator(mode="after")
+    def _implied_activation_in_range(self) -> ModelIn:
+        # without activation_bytes the traffic model takes hidden x tokens x micro-batch
+        # size x bytes per value as the boundary activation: it is bounded like a stated one
+        if self.activation_bytes is None and self.hidden_size and self.seq_len:
+            implied = (
+                self.hidden_size
+                * self.seq_len
+                * (self.microbatch_size or 1)
+                * (self.bytes_per_parameter or 2.0)
+            )
+            if implied > MAX_ACTIVATION_BYTES:
+                raise ValueError(
+                    f"hidden_size x seq_len x microbatch_size x bytes_per_parameter (the "
+                    f"activation per micro-batch these imply, {implied:.3g} bytes) must be at "
+                    f"most {MAX_ACTIVATION_BYTES:.0e}"
+                )
+        return self
 
 
 class ComputeIn(StrictModel):
@@ -197,6 +241,9 @@ class JobIn(StrictModel):
                 body.pop(late, None)
         if body.get("schedule") == "gpipe":
             body.pop("schedule")
+        model = body.get("model")
+        if isinstance(model, dict) and model.get("attention_heads") is None:
+            model.pop("attention_heads", None)  # a model field added later
         for facts in ("model", "compute"):
             # `"model": {}` states nothing, as an omitted model does
             if isinstance(body.get(facts), dict) and all(v is None for v in body[facts].values()):

@@ -18,11 +18,15 @@ from app.job_body import (  # the job body is shared with workload files
     SCHEDULE_DESCRIPTION,
     BytesPerParameter,
     Degree,
+    Microbatches,
+    MicrobatchSize,
+    ModelIn,
     Number,
     ParallelismIn,
     Parameters,
     Schedule,
     StrictModel,
+    ZeroStage,
 )
 
 # 10 TB of memory per GPU: far past any GPU, and the memory model stays finite
@@ -279,19 +283,23 @@ class PredictionOut(BaseModel):
     )
 
 
-class AdviceModelIn(StrictModel):
+class AdviceModelIn(ModelIn):
+    """A job body's `model` with its parameter count required (the same fields and
+    bounds, so advice answers for any model admission judges)."""
+
     parameters: Parameters
     bytes_per_parameter: BytesPerParameter = 2.0
-    hidden_size: Annotated[StrictInt, Field(ge=1)] | None = None
-    num_layers: Annotated[StrictInt, Field(ge=1)] | None = None
-    seq_len: Annotated[StrictInt, Field(ge=1)] | None = None
-    attention_heads: Annotated[StrictInt, Field(ge=1)] | None = None
-    microbatches: Annotated[StrictInt, Field(ge=1, le=1_000_000)] | None = Field(
+    microbatches: Microbatches | None = Field(
         None, description="micro-batches per iteration (default 4 x pp); GPipe holds them all"
+    )
+    microbatch_size: MicrobatchSize | None = Field(
+        None,
+        description="the micro-batch `activation_bytes` was measured at (default 1); the "
+        "answer is the largest micro-batch that fits",
     )
     optimizer: Literal["adam", "sgd"] = "adam"
     activation_checkpointing: StrictBool = False
-    zero_stage: Annotated[StrictInt, Field(ge=0, le=3)] | None = Field(
+    zero_stage: ZeroStage | None = Field(
         None,
         description="ZeRO stage; default the one admission assumes for a job that states "
         "none (LIGHTPATH_DEFAULT_ZERO_STAGE, 1)",
@@ -327,7 +335,11 @@ class AdviceIn(StrictModel):
 
     model: AdviceModelIn
     parallelism: AdviceParallelismIn
-    gpu_memory_bytes: Annotated[Number, Field(gt=0, le=MAX_GPU_MEMORY_BYTES)]
+    gpu_memory_bytes: Annotated[Number, Field(gt=0, le=MAX_GPU_MEMORY_BYTES)] | None = Field(
+        None,
+        description="memory per GPU; default what admission assumes (LIGHTPATH_GPU_MEMORY_BYTES, "
+        "else the cluster's GPU model's)",
+    )
     schedule: Schedule = Field("gpipe", description=SCHEDULE_DESCRIPTION)
 
 

@@ -17,6 +17,13 @@ MAX_PARAMETERS = 1e15
 MAX_BYTES_PER_PARAMETER = 16.0  # fp64 gradients with fp64 master weights
 MAX_ACTIVATION_BYTES = 1e13
 MAX_COMPUTE_S = 86_400.0
+# Shape facts, as far past real models (hidden 16,384 to 25,600, ~100-200 layers,
+# contexts of 10M tokens); within them the memory model's products stay finite.
+MAX_HIDDEN_SIZE = 1 << 20
+MAX_LAYERS = 1 << 16
+MAX_SEQ_LEN = 1 << 24
+MAX_MICROBATCH_SIZE = 1 << 16
+MAX_ATTENTION_HEADS = 1 << 16
 
 
 class Collective(StrEnum):
@@ -82,6 +89,7 @@ class ModelFacts:
     num_layers: int | None = None
     seq_len: int | None = None
     microbatch_size: int | None = None
+    attention_heads: int | None = None
     optimizer: str | None = None
     activation_checkpointing: bool | None = None
     zero_stage: int | None = None

@@ -283,6 +283,7 @@ def setup_for_job(job: Job, *, tp: int, zero_stage: int = 0) -> MemorySetup | No
         hidden_size=model.hidden_size,
         num_layers=model.num_layers,
         seq_len=model.seq_len,
+        attention_heads=model.attention_heads,
         optimizer=optimizer,
         activation_checkpointing=bool(model.activation_checkpointing),
         tp=tp,

@@ -28,7 +28,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from .cluster import Cluster
-from .job import Collective, Job, Placement, Unit
+from .job import MAX_ACTIVATION_BYTES, Collective, Job, Placement, Unit
 from .memo import IdentityMemo
 
 PHASE_PP = "pp"
@@ -172,8 +172,11 @@ def _resolve_facts(job: Job) -> TrafficFacts:
     if act is None:
         defaulted.append("activation_bytes")
         if m and m.hidden_size and m.seq_len:
-            # activation = hidden * tokens * micro-batch size * bytes per value
-            act = float(m.hidden_size * m.seq_len * (m.microbatch_size or 1) * bpp)
+            # activation = hidden * tokens * micro-batch size * bytes per value (in
+            # floats, bounded like a stated one: the API refuses more, and a job stored
+            # before it did must not stop every pass)
+            act = float(m.hidden_size) * m.seq_len * (m.microbatch_size or 1) * bpp
+            act = min(act, MAX_ACTIVATION_BYTES)
         else:
             act = DEFAULT_ACTIVATION_BYTES
     mbs = m.microbatches if m and m.microbatches else None

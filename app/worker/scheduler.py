@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from app.engine.cluster import Cluster
 from app.engine.collective import aggregator_capacity
-from app.engine.job import Job
+from app.engine.job import Job, JobState, Parallelism
 from app.engine.placement import (
     OPTICAL_EXTRA_PODS,
     Placer,
@@ -29,6 +29,9 @@ from app.store.repository import utcnow
 log = logging.getLogger("lightpath.worker")
 
 MAX_ATTEMPTS = 8
+# the end_reason of a queued job the engine raised on (the rest of the queue goes on)
+ENGINE_ERROR = "engine_error"
+_CONTROL_JOB = "lightpath-control-probe"
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,17 +112,36 @@ def schedule(
             )
             for switch in (*cluster.tors_by_id, *cluster.pods_by_id)
         }
-        place = Placer(agg_free, uplinks_free(cluster, snapshot.uplinks_held), max_extra_pods)
-        admission = admit_queued(
-            cluster,
-            free,
-            queue,
-            policy,
-            backfill=backfill,
-            place=place,
-            now=time.time(),
-            busy_until=snapshot.busy_until,
-        )
+        uplinks = uplinks_free(cluster, snapshot.uplinks_held)
+        place = Placer(agg_free, uplinks, max_extra_pods)
+        try:
+            admission = admit_queued(
+                cluster,
+                free,
+                queue,
+                policy,
+                backfill=backfill,
+                place=place,
+                now=time.time(),
+                busy_until=snapshot.busy_until,
+            )
+        except Exception as exc:  # the engine is pure: its failure is a job's facts
+            poison = _poison(cluster, free, queue, policy, agg_free, uplinks, max_extra_pods)
+            if not poison:
+                raise
+            # a job the engine cannot judge must not stop every later placement
+            for job_id in poison:
+                store.end_job(
+                    job_id,
+                    JobState.FAILED,
+                    from_states=(JobState.QUEUED,),
+                    reason=f"{ENGINE_ERROR}: {type(exc).__name__}",
+                )
+                log.error(
+                    "queued job failed: the engine cannot place it",
+                    extra={"job_id": job_id, "error": type(exc).__name__, "detail": str(exc)},
+                )
+            continue
         now = utcnow()
         try:
             written = store.record_admission(
@@ -160,3 +182,28 @@ def schedule(
             )
         return SchedulingResult(written.placed, tuple(snapshot.unexamined), written.seqs)
     raise ConcurrentChange(f"scheduling did not settle after {MAX_ATTEMPTS} attempts")
+
+
+def _poison(
+    cluster: Cluster,
+    free: frozenset[str],
+    queue: list[Job],
+    policy: QueuePolicy,
+    agg_free: dict[str, float],
+    uplinks: dict[str, int],
+    max_extra_pods: int | None,
+) -> list[str]:
+    """The queued jobs the engine fails on alone. None are to blame when it fails on a
+    job of one server that states nothing too (the control)."""
+
+    def fails(job: Job) -> bool:
+        place = Placer(agg_free, uplinks, max_extra_pods)
+        try:
+            admit_queued(cluster, free, [job], policy, backfill=False, place=place, now=time.time())
+        except Exception:
+            return True
+        return False
+
+    if fails(Job(_CONTROL_JOB, Parallelism(dp=1, pp=1))):
+        return []
+    return [job.job_id for job in queue if fails(job)]

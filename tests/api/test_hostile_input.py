@@ -199,3 +199,40 @@ def test_a_switch_controller_pass_records_an_unreachable_switch(server: LiveServ
     controller.run_once()
     with server.client() as c:
         assert c.get("/v1/topology").json()["stale"] is False
+
+
+def test_model_shapes_past_any_model_are_422_and_cannot_stop_scheduling(
+    server: LiveServer,
+) -> None:
+    """A body with `hidden_size: 10**160` and no parameter count passed the memory check
+    (it needs parameters) and was queued; every worker pass then failed in the traffic
+    model (an int too large for a float) and no later job was ever placed."""
+    shapes = [
+        {"hidden_size": 10**160, "seq_len": 10**160},
+        {"num_layers": 10**400},
+        {"microbatch_size": 10**30},
+        {"attention_heads": 10**200},
+        # each in range, their product (the implied boundary activation) past 1e13 bytes
+        {"hidden_size": 1 << 20, "seq_len": 1 << 24, "microbatch_size": 1 << 16},
+    ]
+    with server.client() as c:
+        for i, model in enumerate(shapes):
+            job = {"job_id": f"poison-{i}", "parallelism": {"dp": 1, "pp": 1}, "model": model}
+            r = c.post("/v1/jobs", json=job)
+            assert r.status_code == 422, (model, r.text)
+            problem = r.json()
+            assert problem["errors"] and all(
+                e["field"].startswith("body.model") for e in problem["errors"]
+            ), problem
+            advice = {
+                "model": {"parameters": 1e9, **model},
+                "parallelism": {},
+                "gpu_memory_bytes": 8e10,
+            }
+            r = c.post("/v1/advice/batch-size", json=advice)
+            assert r.status_code == 422, (model, r.text)
+            assert r.json()["errors"], r.text
+        r = c.post("/v1/jobs", json={"job_id": "victim", "parallelism": {"dp": 1, "pp": 1}})
+        assert r.status_code in (201, 202), r.text
+        got = c.get("/v1/jobs/victim", params={"wait_for": "placed", "timeout_s": 10}).json()
+        assert got["state"] == "placed", got

@@ -72,6 +72,19 @@ def test_batch_size_advice_follows_the_schedule(server: LiveServer) -> None:
         assert gpipe["max_microbatch"] < ofob["max_microbatch"]
 
 
+def _admits_up_to(c: Any, model: dict[str, Any], b: int, prefix: str) -> None:
+    """Admission takes `model` (dp 2, pp 2, 1F1B) at micro-batch b and refuses b + 1."""
+    for k, size, admitted in ((0, b, True), (1, b + 1, False)):
+        body = {
+            "job_id": f"{prefix}-{k}",
+            "parallelism": {"dp": 2, "pp": 2},
+            "model": {**model, "microbatch_size": size},
+            "schedule": "1f1b",
+        }
+        answer = c.post("/v1/jobs", json=body)
+        assert (answer.status_code in (201, 202)) == admitted, (size, answer.text)
+
+
 def test_batch_size_advice_and_admission_draw_the_same_line(server: LiveServer) -> None:
     """Advice assumed ZeRO stage 0 where admission assumes LIGHTPATH_DEFAULT_ZERO_STAGE
     (1): a sweep had advice answer 12 samples per micro-batch where admission held 13. With
@@ -95,15 +108,36 @@ def test_batch_size_advice_and_admission_draw_the_same_line(server: LiveServer) 
         ).json()
         b = advice["max_microbatch"]
         assert advice["fits"] and 1 <= b < 65_536, advice
-        for k, size, admitted in ((0, b, True), (1, b + 1, False)):
-            body = {
-                "job_id": f"line-{k}",
-                "parallelism": {"dp": 2, "pp": 2},
-                "model": {**model, "microbatch_size": size},
-                "schedule": "1f1b",
-            }
-            answer = c.post("/v1/jobs", json=body)
-            assert (answer.status_code in (201, 202)) == admitted, (size, answer.text)
+        _admits_up_to(c, model, b, "line")
+
+
+def test_advice_takes_a_job_bodys_model_and_the_clusters_gpu_memory(server: LiveServer) -> None:
+    """Advice refused a job body's `activation_bytes` and `microbatch_size`, jobs refused
+    advice's `attention_heads`, and advice required `gpu_memory_bytes`: a launcher could
+    not ask about the body it was about to submit. Both now take one model, judged alike."""
+    model = MODEL | {"seq_len": 1024, "attention_heads": 64}
+    with server.client() as c:
+
+        def advise(m: dict[str, Any]) -> dict[str, Any]:
+            body = {"model": m, "parallelism": {"tp": 8, "pp": 2, "dp": 2}, "schedule": "1f1b"}
+            r = c.post("/v1/advice/batch-size", json=body)
+            assert r.status_code == 200, r.text
+            return r.json()
+
+        advice = advise(model)
+        b = advice["max_microbatch"]
+        assert advice["fits"] and 1 <= b < 65_536, advice
+        # more heads keep more attention scores: a smaller micro-batch fits than with the
+        # default hidden_size / 128 = 40
+        assert (
+            b < advise({k: v for k, v in model.items() if k != "attention_heads"})["max_microbatch"]
+        )
+        _admits_up_to(c, model, b, "heads")
+        # a pipeline-boundary activation measured at micro-batch 4 bounds the micro-batch
+        # without the layer facts
+        measured = {"parameters": 13e9, "activation_bytes": 4e9, "microbatch_size": 4}
+        bounded = advise(measured)
+        assert bounded["activations_known"] and 1 <= bounded["max_microbatch"] < 65_536
 
 
 MIXTRAL = {

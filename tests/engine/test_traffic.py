@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from app.engine.cluster import preset
-from app.engine.job import Job, ModelFacts, Parallelism, Placement, Unit
+from app.engine.job import MAX_ACTIVATION_BYTES, Job, ModelFacts, Parallelism, Placement, Unit
 from app.engine.traffic import (
     DEFAULT_ACTIVATION_BYTES,
     DemandMatrix,
@@ -75,3 +75,11 @@ def test_demand_matrix_plus_and_entries() -> None:
     b = DemandMatrix.from_entries(("q", "r"), [("q", "r", 2.0)])
     total = a.plus(b)
     assert total.total_bytes == 3.0 and total.get("q", "r") == 2.0
+
+
+def test_a_stored_shape_past_the_bounds_gives_a_finite_bounded_activation() -> None:
+    """A job stored before the API bounded the shape facts must not make the traffic
+    model raise (it stopped every scheduling pass)."""
+    job = Job("old", Parallelism(dp=1, pp=2), ModelFacts(hidden_size=10**160, seq_len=10**160))
+    facts = resolve_facts(job)
+    assert facts.activation_bytes == MAX_ACTIVATION_BYTES

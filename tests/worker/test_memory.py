@@ -361,3 +361,34 @@ def test_a_new_leader_logs_no_teardown_of_circuits_the_switches_already_hold(
     assert after and {d.reason for d in after} == {"reconcile"}
     assert {d.job_id for d in after} <= {"one", "wide"}
     assert fabric.committed is not None and set(fabric.committed) == set(held)
+
+
+def test_a_queued_job_the_engine_raises_on_is_failed_and_the_queue_goes_on(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A body the engine could not judge (an int too large for a float in the traffic
+    model) made every scheduling pass fail, and no job behind it was ever placed."""
+    import app.worker.scheduler as scheduler
+
+    real = scheduler.admit_queued
+
+    def admit(cluster: Any, free: Any, queue: Any, *args: Any, **kwargs: Any) -> Any:
+        if any(job.job_id == "poison" for job in queue):
+            raise OverflowError("int too large to convert to float")
+        return real(cluster, free, queue, *args, **kwargs)
+
+    monkeypatch.setattr(scheduler, "admit_queued", admit)
+    for job_id in ("first", "poison", "victim"):
+        _submit(store, job_id, 2)
+    result = schedule(store, SMALL, QueuePolicy.FIFO, backfill=True, reason="arrival")
+    assert set(result.placed) == {"first", "victim"}
+    poison = store.get_job("poison")
+    assert poison is not None and poison.state == "failed"
+    assert poison.end_reason == "engine_error: OverflowError"
+    # a failure the engine has on every job is not blamed on one: the pass fails
+    monkeypatch.setattr(scheduler, "admit_queued", lambda *a, **k: 1 / 0)
+    _submit(store, "later", 1)
+    with pytest.raises(ZeroDivisionError):
+        schedule(store, SMALL, QueuePolicy.FIFO, backfill=True, reason="arrival")
+    later = store.get_job("later")
+    assert later is not None and later.state == "queued"

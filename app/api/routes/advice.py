@@ -10,15 +10,13 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
 from app.engine.gpu_profiles import gpu_profile
-from app.engine.job import Job, PipelineSchedule
+from app.engine.job import Job, ModelFacts, Parallelism, PipelineSchedule
 from app.engine.memory import (
     MAX_MICROBATCH,
-    MemorySetup,
-    Optimizer,
     check_job_memory,
-    in_flight,
     max_microbatch,
     memory_bytes,
+    setup_for_job,
 )
 
 from ..deps import Services, ServicesDep, require
@@ -35,11 +33,13 @@ def numbers_in_range() -> Iterator[None]:
     try:
         yield
     except (OverflowError, ZeroDivisionError) as exc:
+        detail = f"the memory model overflows with these numbers ({exc}); use realistic sizes"
         raise Problem(
             422,
             "Numbers out of range",
-            f"the memory model overflows with these numbers ({exc}); use realistic sizes",
+            detail,
             kind="out-of-range",
+            extra={"errors": [{"field": "body.model", "message": detail, "type": "out_of_range"}]},
         ) from exc
 
 
@@ -62,28 +62,21 @@ async def advise_batch_size(
     memory), `activations_known: false` and a `detail` naming the missing facts.
     """
     m, par = body.model, body.parallelism
-    setup = MemorySetup(
-        parameters=m.parameters,
-        bytes_per_parameter=m.bytes_per_parameter,
-        hidden_size=m.hidden_size,
-        num_layers=m.num_layers,
-        seq_len=m.seq_len,
-        attention_heads=m.attention_heads,
-        optimizer=Optimizer(m.optimizer),
-        activation_checkpointing=m.activation_checkpointing,
-        tp=par.tp,
-        pp=par.pp,
-        dp=par.dp,
-        ep=par.ep,
-        # as admission assumes it (it answered 12 where admission held 13 at stage 1)
-        zero_stage=m.zero_stage
-        if m.zero_stage is not None
-        else services.settings.default_zero_stage,
-        microbatches_in_flight=in_flight(PipelineSchedule(body.schedule), par.pp, m.microbatches),
+    # the job this model and split describe, judged as admission judges it (TP given here,
+    # the server's GPUs there)
+    job = Job(
+        "advice",
+        Parallelism(dp=par.dp, pp=par.pp, ep=par.ep),
+        model=ModelFacts(**m.model_dump(exclude_none=True)),
+        schedule=PipelineSchedule(body.schedule),
     )
+    zero_stage = m.zero_stage if m.zero_stage is not None else services.settings.default_zero_stage
+    setup = setup_for_job(job, tp=par.tp, zero_stage=zero_stage)
+    assert setup is not None  # parameters are required here
+    gpu_memory = body.gpu_memory_bytes or gpu_memory_bytes(services)
     with numbers_in_range():
         first = memory_bytes(setup, 1)
-        if not setup.activations_grow and first.total <= body.gpu_memory_bytes:
+        if not setup.activations_grow and first.total <= gpu_memory:
             # nothing known grows with b: memory sets no bound (and the answer says so,
             # naming the facts that would give one; it used to answer 65,536 silently)
             missing = [f for f in ("hidden_size", "num_layers", "seq_len") if getattr(m, f) is None]
@@ -98,7 +91,7 @@ async def advise_batch_size(
                     + " for a bound",
                 }
             )
-        advice = max_microbatch(setup, body.gpu_memory_bytes)
+        advice = max_microbatch(setup, gpu_memory)
     return JSONResponse(
         {
             "max_microbatch": advice.max_microbatch,
@@ -109,10 +102,16 @@ async def advise_batch_size(
     )
 
 
+def gpu_memory_bytes(services: Services) -> float:
+    """Memory per GPU admission assumes: LIGHTPATH_GPU_MEMORY_BYTES, else the GPU model's."""
+    stated = services.settings.gpu_memory_bytes
+    return stated or gpu_profile(services.cluster.gpu_model).memory_bytes
+
+
 def refuse_if_out_of_memory(services: Services, job: Job) -> None:
     """Admission: a job whose stated plan cannot fit GPU memory gets 422 and the breakdown."""
     settings = services.settings
-    gpu_memory = settings.gpu_memory_bytes or gpu_profile(services.cluster.gpu_model).memory_bytes
+    gpu_memory = gpu_memory_bytes(services)
     with numbers_in_range():
         check = check_job_memory(
             job,
