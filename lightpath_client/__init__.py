@@ -22,6 +22,7 @@ from ._exceptions import (
     ServiceUnavailable,
     TransportError,
     Unauthorized,
+    UnexpectedAnswer,
     ValidationFailed,
     WaitTimeout,
 )
@@ -70,6 +71,7 @@ __all__ = [
     "ServiceUnavailable",
     "TrafficAccepted",
     "TransportError",
+    "UnexpectedAnswer",
     "Unauthorized",
     "Unit",
     "ValidationFailed",

@@ -29,6 +29,7 @@ from ._exceptions import (
     InvalidJobId,
     ServerError,
     TransportError,
+    UnexpectedAnswer,
     WaitTimeout,
     problem_from_response,
 )
@@ -243,7 +244,14 @@ class _Base:
             except ValueError:
                 body = None
             raise problem_from_response(response.status_code, body, response.text)
-        return call.parse(response.json())
+        try:
+            return call.parse(response.json())
+        except (ValueError, KeyError, TypeError) as exc:
+            kind = response.headers.get("content-type", "no content type")
+            raise UnexpectedAnswer(
+                f"{call.method} {call.path}: {response.status_code} with a body that is not "
+                f"a Lightpath answer ({kind}): is the URL a Lightpath server?"
+            ) from exc
 
     def _request_args(self, call: Call[Any]) -> dict[str, Any]:
         args: dict[str, Any] = {"params": call.params, "headers": call.headers}
@@ -255,7 +263,20 @@ class _Base:
 
 
 def _unreachable(url: str, call: Call[Any], exc: Exception) -> TransportError:
-    return TransportError(f"{call.method} {url}{call.path}: {type(exc).__name__}: {exc}")
+    return TransportError(
+        f"{call.method} {masked_url(url)}{call.path}: {type(exc).__name__}: {exc}"
+    )
+
+
+def masked_url(url: str) -> str:
+    """The URL as an error line may print it: a password is `***`."""
+    try:
+        parsed = httpx.URL(url)
+    except (httpx.InvalidURL, TypeError):
+        return url
+    if not parsed.password:
+        return url
+    return str(parsed.copy_with(username=parsed.username, password="***"))
 
 
 def _failed(call: Call[Any], response: httpx.Response | None, exc: Exception | None) -> str:

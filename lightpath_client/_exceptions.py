@@ -52,6 +52,11 @@ class TransportError(LightpathError):
     """No answer from the server (connection refused, reset, timed out) after every retry."""
 
 
+class UnexpectedAnswer(LightpathError):
+    """A success status whose body is not what the API answers (not JSON, or another
+    shape): the URL is likely not a Lightpath server."""
+
+
 class WaitTimeout(LightpathError):
     """A long-poll loop reached its deadline; `job` is the last state seen."""
 
@@ -129,6 +134,8 @@ _BY_STATUS: dict[int, type[ProblemError]] = {
 def problem_from_response(status: int, body: Any, text: str = "") -> ProblemError:
     """The typed exception for an error answer (a non-JSON body becomes `detail`)."""
     if not isinstance(body, dict):
-        body = {"title": "HTTP error", "detail": text[:500], "status": status}
+        # not problem+json (a proxy's or another server's page): its first line, short
+        first = " ".join(text.split())[:200]
+        body = {"title": "HTTP error", "detail": first, "status": status}
     cls = _BY_STATUS.get(status) or (ServerError if status >= 500 else ProblemError)
     return cls(status, body)

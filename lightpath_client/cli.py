@@ -54,9 +54,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--pp", type=int, required=True, help="pipeline stages")
     p.add_argument("--ep", type=int, default=1, help="expert-parallel degree")
     for flag, kind in (
-        ("--parameters", float),
-        ("--bytes-per-parameter", float),
-        ("--activation-bytes", float),
+        ("--parameters", _finite()),
+        ("--bytes-per-parameter", _finite()),
+        ("--activation-bytes", _finite()),
         ("--microbatches", int),
         ("--hidden-size", int),
         ("--num-layers", int),
@@ -66,7 +66,7 @@ def _parser() -> argparse.ArgumentParser:
     ):
         p.add_argument(flag, type=kind, dest="model_" + flag[2:].replace("-", "_"))
     for flag in ("--microbatch-forward-s", "--microbatch-backward-s", "--optimizer-s"):
-        p.add_argument(flag, type=float, dest="compute_" + flag[2:].replace("-", "_"))
+        p.add_argument(flag, type=_finite(), dest="compute_" + flag[2:].replace("-", "_"))
     p.add_argument("--collective", choices=("auto", "inc", "ring", "tree", "hierarchical_ring"))
     p.add_argument("--priority", type=int)
     p.add_argument(
@@ -76,7 +76,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--lease-s",
-        type=float,
+        type=_finite(low=0.0),
         help="heartbeat lease (default 60; 0: none; none with --runner print, since "
         "nothing here heartbeats for ranks started elsewhere)",
     )
@@ -92,13 +92,19 @@ def _parser() -> argparse.ArgumentParser:
         dest="model_activation_checkpointing",
         help="the job recomputes activations (the memory check keeps layer inputs only)",
     )
-    p.add_argument("--walltime-s", type=float, help="runtime estimate for backfill")
+    p.add_argument("--walltime-s", type=_finite(), help="runtime estimate for backfill")
     p.add_argument("--runner", choices=RUNNERS, default="local")
     p.add_argument("--host-template", default="{server}", help="ssh/hostfile host of a server")
-    p.add_argument("--master-port", type=int, help="default: a free port (local), else 29500")
+    p.add_argument(
+        "--master-port",
+        type=_at_least(1, 65535),
+        help="default: a free port (local), else 29500",
+    )
     p.add_argument("--workdir", help="where the hostfile and placement.json go")
-    p.add_argument("--wait-timeout-s", type=float, help="give up waiting for placement")
-    p.add_argument("--grace-s", type=float, default=10.0, help="SIGTERM to SIGKILL delay")
+    p.add_argument("--wait-timeout-s", type=_finite(low=0.0), help="give up waiting for placement")
+    p.add_argument(
+        "--grace-s", type=_finite(low=0.0), default=10.0, help="SIGTERM to SIGKILL delay"
+    )
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD...")
 
     p = command("jobs", "list jobs")
@@ -140,7 +146,7 @@ def _deadline(text: str) -> float | str:
     return text  # the server checks it as it checks any body
 
 
-def _at_least(low: int) -> Any:
+def _at_least(low: int, high: int | None = None) -> Any:
     def parse(text: str) -> int:
         try:
             value = int(text)
@@ -148,6 +154,25 @@ def _at_least(low: int) -> Any:
             raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
         if value < low:
             raise argparse.ArgumentTypeError(f"{value} is below {low}")
+        if high is not None and value > high:
+            raise argparse.ArgumentTypeError(f"{value} is above {high}")
+        return value
+
+    return parse
+
+
+def _finite(low: float | None = None) -> Any:
+    """A finite number (JSON has no nan or inf: they were a traceback), at least `low`."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+        if low is not None and value < low:
+            raise argparse.ArgumentTypeError(f"{value:g} is below {low:g}")
         return value
 
     return parse

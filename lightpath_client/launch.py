@@ -14,6 +14,7 @@ and global rank = NODE_RANK * G + local rank, which is where Megatron-LM
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shlex
@@ -27,6 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from ._client import Call, Client, _Calls
 from ._exceptions import Conflict, LightpathError, WaitTimeout
@@ -326,6 +328,7 @@ def launch(
     signal.pthread_sigmask(signal.SIG_UNBLOCK, blocked)
     procs: list[subprocess.Popen[bytes]] = []
     heartbeat: Heartbeat | None = None
+    held: list[Any] = []  # the work directory's lock, released on return
     try:
         job = client.request(_Calls.submit_job(dict(body)))
         if not job.ended and job.state != "placed":
@@ -352,12 +355,24 @@ def launch(
         progress.done(f"{job_id} placed on {len(job.units)} servers")
         cwd = os.getcwd()
         local = runner == "local"
+        # absolute: ranks started in another directory (ssh, a Slurm step) read them
+        where = Path(cwd) / (workdir or Path(".lightpath") / "launch" / workdir_name(job_id))
+        lock = _hold_workdir(where)
+        if lock is None:
+            # rerun while the first still runs: idempotency hands it the placed job,
+            # and a second copy of every rank (and a rewritten hostfile) would follow
+            progress.write(
+                f"error: another `lightpath launch` of {job_id} is running with work "
+                f"directory {where}; nothing started"
+            )
+            return 1
+        held.append(lock)
         ranks = plan_ranks(
             job,
             host_template=host_template,
             master_addr="127.0.0.1" if local else None,
             master_port=master_port or (free_port() if local else 29500),
-            workdir=workdir or Path(cwd) / ".lightpath" / "launch" / _safe(job_id),
+            workdir=where,
             gpus_per_server=gpus_per_server,
             server_url=client.url,
         )
@@ -406,6 +421,8 @@ def launch(
     finally:
         if heartbeat is not None:
             heartbeat.stop.set()
+        for lock in held:
+            lock.close()
         for s, handler in previous.items():
             signal.signal(s, handler)
         signal.pthread_sigmask(signal.SIG_BLOCK, blocked)
@@ -443,5 +460,20 @@ def _cancel(final: Callable[[Call[Job]], Job], job_id: str) -> None:
         pass  # it had already ended
 
 
-def _safe(job_id: str) -> str:
-    return "".join(c if c.isalnum() or c in "._-" else "_" for c in job_id)
+def workdir_name(job_id: str) -> str:
+    """The job's work directory under .lightpath/launch: the id percent-encoded, one
+    name per id (`co:1`, `co@1` and `co_1` all mapped to `co_1` and shared a hostfile)."""
+    return quote(job_id, safe="._-")
+
+
+def _hold_workdir(workdir: Path) -> Any:
+    """An exclusive lock on the work directory for this launch's life (the open lock
+    file), or None when another launch holds it."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    lock = (workdir / "launch.lock").open("a")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        lock.close()
+        return None
+    return lock

@@ -25,6 +25,7 @@ from lightpath_client import (
     PhaseReporter,
     ServiceUnavailable,
     TransportError,
+    UnexpectedAnswer,
     ValidationFailed,
     WaitTimeout,
     ring_allreduce_demands,
@@ -368,3 +369,68 @@ def test_dead_letters_are_typed() -> None:
     }
     page = DeadLetterPage.from_dict(body)
     assert page == DeadLetterPage((DeadLetter(7, None, "too_many_bytes", {"x": 1}, None),), 7)
+
+
+def test_an_answer_that_is_not_the_apis_is_one_clear_error() -> None:
+    """`--server` pointed at another web server: a 200 page was a JSONDecodeError
+    traceback from every operator command, and a 404 page was printed whole."""
+    page = "<html><body>" + "<p>not here</p>" * 200 + "</body></html>"
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        status = 404 if "missing" in request.url.path else 200
+        return httpx.Response(status, text=page, headers={"content-type": "text/html"})
+
+    transport = httpx.MockTransport(handler)
+    with Client("http://lp", transport=transport) as lp:
+        with pytest.raises(UnexpectedAnswer, match="not a Lightpath answer"):
+            lp.get_job("j")
+        with pytest.raises(NotFound) as missing:
+            lp.get_job("missing")
+    assert len(str(missing.value)) < 260, str(missing.value)
+
+
+def test_operator_commands_say_what_is_wrong_without_a_traceback(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    class Page(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            body = b"<html>a plain web server</html>"
+            self.send_response(200)
+            self.send_header("content-type", "text/html")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    httpd = HTTPServer(("127.0.0.1", 0), Page)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    lightpath = Path(sys.executable).with_name("lightpath")
+    try:
+        url = f"http://127.0.0.1:{httpd.server_address[1]}"
+        for argv in (["jobs"], ["job", "j"], ["cluster"], ["decisions"]):
+            done = subprocess.run(
+                [str(lightpath), *argv, "--server", url],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                cwd=tmp_path,
+            )
+            assert done.returncode == 1, (argv, done.stderr)
+            assert "Traceback" not in done.stderr and "not a Lightpath answer" in done.stderr
+        # a password in the URL is not printed back
+        closed = f"http://ops:hunter2@127.0.0.1:{free_port()}"
+        done = subprocess.run(
+            [str(lightpath), "jobs", "--server", closed],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=tmp_path,
+        )
+        assert done.returncode == 1 and "hunter2" not in done.stderr, done.stderr
+        assert "ops:***@" in done.stderr
+    finally:
+        httpd.shutdown()

@@ -53,7 +53,8 @@ def test_a_cluster_file_round_trips_through_the_api_shape(tmp_path: Path) -> Non
         (lambda d: d["oxcs"][0].update({"latency_ms": 5}), "OXC oxc-0 has an unknown field"),
         (lambda d: d.update({"pod": []}), "the cluster has an unknown field 'pod'"),
         (lambda d: d["oxcs"][0].update({"reconfig_ms": -5}), "reconfig_ms"),
-        (lambda d: d.update({"nic_gbps": float("nan")}), "must be positive"),
+        (lambda d: d.update({"nic_gbps": float("nan")}), "must be finite numbers above 0"),
+        (lambda d: d.update({"nic_gbps": float("inf")}), "must be finite numbers above 0"),
         # types as the file states them, not coerced
         (lambda d: d.update({"gpus_per_server": 8.5}), "gpus_per_server must be an integer"),
         (lambda d: d.update({"gpus_per_server": True}), "gpus_per_server must be an integer"),

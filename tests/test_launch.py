@@ -13,9 +13,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
+from app.job_body import JOB_ID_PATTERN
 from app.settings import Settings
 from lightpath_client import Client
+from lightpath_client.launch import workdir_name
 from tests.support import LiveServer
 
 TRAINER = Path(__file__).with_name("launch_trainer.py")
@@ -582,3 +586,68 @@ def test_waiting_for_placement_rides_out_a_server_restart(tmp_path: Path) -> Non
         for proc in procs.values():
             proc.kill()
         server.stop()
+
+
+@given(st.lists(st.from_regex(JOB_ID_PATTERN, fullmatch=True), min_size=2, max_size=2, unique=True))
+def test_every_job_id_has_a_work_directory_of_its_own(ids: list[str]) -> None:
+    """`co:1`, `co@1`, `co+1` and `co_1` shared .lightpath/launch/co_1: two launches
+    running at once overwrote each other's hostfile and placement.json."""
+    a, b = (workdir_name(i) for i in ids)
+    assert a != b
+    assert "/" not in a and a not in (".", "..")
+
+
+def test_a_second_launch_of_a_running_job_starts_nothing(live: LiveServer, tmp_path: Path) -> None:
+    """Rerunning `launch` while the first still ran got the placed job (idempotency)
+    and started a second copy of every rank over the first's hostfile. The work
+    directory is relative here: the ranks are given absolute paths."""
+
+    def argv(out: Path, mode: str) -> list[str]:
+        args = launch_argv(live, "twice-1", out, mode)
+        args[args.index("--workdir") + 1] = "wd"  # relative to the launcher's cwd
+        return args
+
+    first = subprocess.Popen(
+        argv(tmp_path, "wait"), cwd=tmp_path, stderr=subprocess.PIPE, text=True
+    )
+    deadline = time.monotonic() + 60
+    while len(list(tmp_path.glob("rank-*.json"))) < 4:
+        assert first.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
+    env = json.loads((tmp_path / "rank-0.json").read_text())
+    assert env["LIGHTPATH_HOSTFILE"] == str(tmp_path / "wd" / "hostfile")
+    hostfile = Path(env["LIGHTPATH_HOSTFILE"]).read_text()
+    (tmp_path / "elsewhere").mkdir()
+    again = run(argv(tmp_path / "elsewhere", "ok"), tmp_path)
+    assert again.returncode == 1, again.stderr
+    assert "another `lightpath launch` of twice-1 is running" in again.stderr
+    assert Path(env["LIGHTPATH_HOSTFILE"]).read_text() == hostfile
+    assert not list((tmp_path / "elsewhere").iterdir())  # no rank of the second ran
+    with Client(live.url) as c:
+        assert c.get_job("twice-1").state == "placed"
+    first.send_signal(signal.SIGTERM)
+    first.communicate(timeout=60)
+    assert first.returncode == 128 + signal.SIGTERM
+
+
+@pytest.mark.parametrize(
+    "flag",
+    [
+        ("--lease-s", "nan"),
+        ("--walltime-s", "inf"),
+        ("--parameters", "inf"),
+        ("--microbatch-forward-s", "nan"),
+        ("--master-port", "99999"),
+        ("--grace-s", "-1"),
+        ("--wait-timeout-s", "-1"),
+    ],
+)
+def test_a_flag_value_no_job_could_use_is_a_usage_error(
+    tmp_path: Path, flag: tuple[str, str]
+) -> None:
+    """nan and inf were a traceback (JSON has no such number); port 99999 and a
+    negative grace were passed on to the ranks and the signal timer."""
+    argv = [str(LIGHTPATH), "launch", "--server", "http://127.0.0.1:9", "--job-id", "f"]
+    done = run([*argv, "--dp", "1", "--pp", "1", *flag, "--", "true"], tmp_path)
+    assert done.returncode == 2, done.stderr
+    assert flag[0] in done.stderr and "Traceback" not in done.stderr

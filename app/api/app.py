@@ -55,12 +55,15 @@ def create_app(services: Services) -> FastAPI:
     app.state.services = services
     metrics = services.metrics
     install_problem_handlers(app)
-    for router in (jobs.router, telemetry.router, advice.router, fabric.router, ops.router):
+    routers = (jobs.router, telemetry.router, advice.router, fabric.router, ops.router)
+    for router in routers:
         app.include_router(router)
     app.add_middleware(CachedJobViews, services=services)
     app.add_middleware(JsonBodies)
     app.add_middleware(BodyLimit, max_bytes=services.settings.max_body_bytes)
-    app.add_middleware(TokenFirst, services=services)  # 401 before any body check
+    # 401 and 403 before any body check
+    routes = [route for router in routers for route in router.routes]
+    app.add_middleware(TokenFirst, services=services, routes=routes)
     app.add_middleware(HeadAsGet)  # outside the cached views, which serve GET
     app.add_middleware(RequestTiming, metrics=metrics)
 

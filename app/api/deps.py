@@ -119,11 +119,24 @@ def require(*scopes: str) -> Any:
                 headers={"WWW-Authenticate": "Bearer"},
             )
         if not admits(scope, scopes):
-            raise Problem(
-                403,
-                "Forbidden",
-                f"this token's scope is {scope}; this call needs {' or '.join(scopes)}",
-            )
+            raise Problem(403, "Forbidden", forbidden_detail(scope, scopes))
         return scope
 
+    check.lightpath_scopes = scopes  # type: ignore[attr-defined]  # for `required_scopes`
     return Depends(check)
+
+
+def forbidden_detail(scope: str, scopes: tuple[str, ...]) -> str:
+    return f"this token's scope is {scope}; this call needs {' or '.join(scopes)}"
+
+
+def required_scopes(route: Any) -> tuple[str, ...] | None:
+    """The scopes a route's `require` admits, None for a route without one."""
+    pending = list(getattr(getattr(route, "dependant", None), "dependencies", ()))
+    while pending:
+        dep = pending.pop()
+        found = getattr(dep.call, "lightpath_scopes", None)
+        if found is not None:
+            return tuple(found)
+        pending.extend(dep.dependencies)
+    return None

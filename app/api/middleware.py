@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .bodies import BODY_METHODS, is_json
-from .deps import Services, admits, scope_of
+from .deps import Services, admits, forbidden_detail, required_scopes, scope_of
 from .metrics import ApiMetrics
 from .problems import problem_response
 
@@ -74,23 +75,32 @@ class BodyLimit:
 
 
 class TokenFirst:
-    """401 for a `/v1` request without a valid token, before its body is looked at.
+    """401 for a `/v1` request without a valid token, 403 for one whose scope the route
+    does not admit, before its body is looked at.
 
-    Every `/v1` route needs a token when tokens are configured (the scope is the
-    route's own check, 403). Checked here first, so a caller without one learns
-    only that: not whether its body was too large, not JSON, or malformed.
+    Every `/v1` route needs a token when tokens are configured. Checked here first, so
+    a caller without one (or with a telemetry token on a launcher route) learns only
+    that: not whether its body was too large, not JSON, or malformed. The route's own
+    check (`deps.require`) still runs; the scopes are read from it.
     """
 
-    def __init__(self, app: ASGIApp, services: Services) -> None:
+    def __init__(self, app: ASGIApp, services: Services, routes: Sequence[Any] = ()) -> None:
         self.app = app
         self.services = services
+        # (path regex, methods, scopes) of every route that requires a scope
+        self.scoped = [
+            (r.path_regex, r.methods or set(), found)
+            for r in routes
+            if (found := required_scopes(r)) is not None
+        ]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["path"].startswith("/v1/"):
             tokens = self.services.token_scopes()
             if tokens:
                 header = dict(scope.get("headers") or ()).get(b"authorization", b"")
-                if scope_of(header.decode("latin-1"), tokens) is None:
+                caller = scope_of(header.decode("latin-1"), tokens)
+                if caller is None:
                     response = problem_response(
                         401,
                         "Unauthorized",
@@ -99,7 +109,20 @@ class TokenFirst:
                     )
                     await response(scope, receive, send)
                     return
+                needed = self._route_scopes(scope["method"], scope["path"])
+                if needed is not None and not admits(caller, needed):
+                    response = problem_response(403, "Forbidden", forbidden_detail(caller, needed))
+                    await response(scope, receive, send)
+                    return
         await self.app(scope, receive, send)
+
+    def _route_scopes(self, method: str, path: str) -> tuple[str, ...] | None:
+        """The scopes the route this request reaches admits (None: no such route, or
+        one without `require`: the app answers as it would)."""
+        for regex, methods, scopes in self.scoped:
+            if method in methods and regex.match(path):
+                return scopes
+        return None
 
 
 class JsonBodies:

@@ -382,7 +382,7 @@ def cluster_from_dict(data: Mapping[str, Any], name: str = "custom") -> Cluster:
         if twice:
             raise ValueError(f"{kind} id {twice[0]} appears more than once")
     if gpus <= 0 or not 0 < nic < math.inf:  # NaN fails too
-        raise ValueError("gpus_per_server and nic_gbps must be positive")
+        raise ValueError("gpus_per_server and nic_gbps must be finite numbers above 0")
     if any(not 0 <= o.reconfig_ms < math.inf for o in oxcs):
         raise ValueError("an OXC's reconfig_ms must be a finite number >= 0")
     for p in pods:  # NaN fails these too

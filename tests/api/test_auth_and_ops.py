@@ -14,6 +14,12 @@ from app.settings import Settings, parse_tokens
 from tests.support import LiveServer, free_port
 
 TOKENS = "launcher=launch-secret-1,telemetry=tele-secret-2,operator=op-secret-3"
+# not JSON, malformed, too large: answered 401 or 403 before the body is looked at
+UNREADABLE_BODIES = (
+    (b"x", "text/plain"),
+    (b"{", "application/json"),
+    (b"[" * 10_000_000, "application/json"),
+)
 
 
 @pytest.fixture
@@ -35,11 +41,7 @@ def test_tokens_and_scopes(secured: LiveServer) -> None:
         assert anon.get("/readyz").status_code == 200
         assert anon.get("/metrics").status_code == 200
         # no token: 401 before the body is looked at (not 415, 400 or 413)
-        for content, kind in (
-            (b"x", "text/plain"),
-            (b"{", "application/json"),
-            (b"[" * 10_000_000, "application/json"),
-        ):
+        for content, kind in UNREADABLE_BODIES:
             r = anon.post("/v1/jobs", content=content, headers={"content-type": kind})
             assert r.status_code == 401, (kind, r.status_code)
     with secured.client("wrong") as bad:
@@ -49,6 +51,18 @@ def test_tokens_and_scopes(secured: LiveServer) -> None:
         r = tele.post("/v1/jobs", json=body)
         assert r.status_code == 403
         assert "launcher" in r.json()["detail"]
+        # a token of another scope: 403 before the body is looked at (it was 400 for
+        # malformed JSON and 415 for text/plain), on every route that needs a scope
+        for content, kind in UNREADABLE_BODIES:
+            r = tele.post("/v1/jobs", content=content, headers={"content-type": kind})
+            assert r.status_code == 403, (kind, r.status_code)
+            assert r.headers["content-type"] == "application/problem+json"
+        assert tele.post("/v1/advice/batch-size", content=b"{").status_code == 403
+        assert tele.post("/v1/jobs/a/fail", json={"exit_code": 999}).status_code == 403
+        # what the scope admits still reaches the route's own checks
+        r = tele.post("/v1/traffic", content=b"{", headers={"content-type": "application/json"})
+        assert r.status_code == 400, r.text
+        assert tele.get("/v1/nowhere").status_code == 404
     with secured.client("launch-secret-1") as launcher:
         assert launcher.post("/v1/jobs", json=body).status_code == 201
         assert launcher.get("/v1/decisions").status_code == 200

@@ -119,6 +119,11 @@ def test_full_cluster_queues_then_admits_on_completion(server: LiveServer) -> No
         assert "servers" in queued.json()["queue_reason"]
         polled = c.get("/v1/jobs/next", params={"wait_for": "placed", "timeout_s": 0.3})
         assert polled.json()["state"] == "queued"
+        # `queued` is a state too (it was a 422): every state is it or later, so at once
+        started = time.monotonic()
+        now = c.get("/v1/jobs/next", params={"wait_for": "queued", "timeout_s": 20})
+        assert now.status_code == 200 and now.json()["state"] == "queued", now.text
+        assert time.monotonic() - started < 5
         assert [
             j["job_id"] for j in c.get("/v1/jobs", params={"state": "queued"}).json()["jobs"]
         ] == ["next"]

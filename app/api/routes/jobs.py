@@ -308,10 +308,11 @@ async def get_job(
     services: ServicesDep,
     _scope: Annotated[Any, require("launcher")],
     wait_for: Annotated[
-        Literal["placed", "completed", "failed", "cancelled"] | None,
+        Literal["queued", "placed", "completed", "failed", "cancelled"] | None,
         Query(
             description="answer as soon as the job reaches this state or later (any ended "
-            "state counts for completed, failed and cancelled; `placed` also waits, at most "
+            "state counts for completed, failed and cancelled; every state is `queued` or "
+            "later, so `queued` answers at once; `placed` also waits, at most "
             "2 s, for the fabric pass's `collective` and `network`); may answer earlier, at "
             "timeout_s, with the state then: loop until the state or your own deadline"
         ),
