@@ -18,6 +18,8 @@ from typing import Any
 from sqlalchemy.exc import DisconnectionError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
+from app.store.fencing import Fenced
+
 _STANDARD = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message", "asctime"}
 
 
@@ -69,6 +71,10 @@ def log_pass_failure(
     warning line naming the driver's message when the database is unavailable
     (expected during an outage, and its traceback would carry the statement and its
     parameters), else the error with its traceback."""
+    if isinstance(exc, Fenced):
+        # a deposed leader's refused write: expected after a takeover, not an error
+        log.warning(f"{what} fenced: {exc}; {then}")
+        return
     if isinstance(exc, _DATABASE_UNAVAILABLE):
         cause = str(getattr(exc, "orig", None) or exc).strip().splitlines()
         log.warning(

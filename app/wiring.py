@@ -333,6 +333,8 @@ def build_worker_runtime(settings: Settings, cluster: Cluster) -> Runtime:
         store.write_engine, lambda: lease.token, advance=getattr(lease, "advance_past", None)
     )
     runtime.thread_init = fence.bind_current_thread
+    if runtime.controller is not None:
+        runtime.controller.write_guard = fence.bound  # its OXC threads write reachability
     worker = runtime.worker
     assert worker is not None
     leader = LeaderLoop(lease, used_token=fence.stored_token)

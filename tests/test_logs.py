@@ -32,3 +32,18 @@ def test_a_database_outage_is_one_warning_and_anything_else_keeps_its_traceback(
     )
     assert bug.levelno == logging.ERROR and bug.exc_info is not None
     assert "ValueError: a bug" in JsonFormatter().format(bug)
+
+
+def test_a_deposed_leaders_refused_write_is_a_warning_without_a_traceback(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A fault sweep found every takeover logged at error with a full traceback: a
+    fenced write is the fence working, expected once another leader took over."""
+    from app.store.fencing import Fenced
+
+    log = logging.getLogger("lightpath.test")
+    with caplog.at_level(logging.INFO, logger="lightpath.test"):
+        log_pass_failure(log, "fabric pass", Fenced("the fencing row holds 7 (ours 3)"))
+    (record,) = caplog.records
+    assert record.levelno == logging.WARNING and record.exc_info is None
+    assert "fencing row holds 7" in record.getMessage()

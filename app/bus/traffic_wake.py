@@ -77,11 +77,11 @@ class TrafficWake:
         try:
             self.publish(ReportTraffic(last_seq=last_seq))
             self.sent += 1
-        except Exception:
+        except Exception as exc:
             now = time.monotonic()
             if now - self._logged_at >= _LOG_EVERY_S:
                 self._logged_at = now
-                log.warning(
+                log.warning(  # a bus outage: the reason, not a traceback per wake-up
                     "traffic wake-up not sent; the worker's tick reads the reports",
-                    exc_info=True,
+                    extra={"error": f"{type(exc).__name__}: {exc}"[:300]},
                 )

@@ -624,6 +624,9 @@ def allocate_ports(
         d.job_id for d in order if d.job_id in prev_elec and _chose_core(prev_jobs[d.job_id])
     ]
     chose_core = set(elected)  # and those step 4 moves
+    # held circuits were lost (failed ports) or ports came back: jobs short of their
+    # minimum may shrink others, as an arrival may
+    repair = bool(unkept or grown_pods)
     sharers_before = max(1, len(previous.turn_order)) if previous is not None else 1
     pool_before: dict[tuple[str, str], int] = defaultdict(int)
     for (_, a, b), n in pool.items():
@@ -638,7 +641,18 @@ def allocate_ports(
                 ((a, b), max(1, math.ceil(pool_before[(a, b)] / sharers_before)))
                 for a, b in w.bytes
             ]
-            taken_all = _take_all(ports, [k for k, n in claim for _ in range(n)])
+            claimed = [k for k, n in claim for _ in range(n)]
+            taken_all = _take_all(ports, claimed)
+            if not taken_all and repair:
+                # ports failed or came back: its minimum comes before others' spare
+                # ports and circuits beyond theirs (a fault sweep's job, cut off from a
+                # pod while its ports were dark, stayed cut off once they returned:
+                # another job had grown into every port of its other pod)
+                _release_spare(ports, spare, set(w.pods))
+                shrink = functools.partial(
+                    _shrink_pair, ports, circuits, work, isolated, port_bps, _DonorCache(gave)
+                )
+                taken_all = _take_all(ports, claimed, shrink)
             if not taken_all:
                 continue  # keeps taking turns on a pool that only grows (below)
             prev_shared.discard(d.job_id)
@@ -651,18 +665,21 @@ def allocate_ports(
         short = [k for k, c in w.have.items() if c == 0]
         # what the shrinks learn of the donors serves the arrival's rebalance too (only
         # this job gains circuits until it is placed)
-        donor_cache = _DonorCache(gave) if arrival and short else None
+        # (an arrival, or a repair: a job that lost a pair's last circuit to failed ports
+        # takes its minimum back before others keep more than theirs)
+        may_shrink = arrival or repair
+        donor_cache = _DonorCache(gave) if may_shrink and short else None
         if not short:
             isolated.append(d.job_id)
         elif (
             (taken := _take_all(ports, short))
             or (
-                arrival
+                may_shrink
                 and _release_spare(ports, spare, set(w.pods))
                 and (taken := _take_all(ports, short))
             )
             or (
-                arrival
+                may_shrink
                 and (
                     taken := _take_all(
                         ports,
@@ -796,10 +813,13 @@ def allocate_ports(
     if previous is None:
         _release_spare(ports, spare, set(ports.free))
     else:
-        # jobs on those pods may turn their own spare ports into circuits
-        near = {j for j in spare if j in work and work[j].pod_set & changed_pods}
+        # jobs on those pods may turn their own spare ports into circuits; so may jobs on
+        # pods where a held circuit was lost (a failed port: a fault sweep's job stayed
+        # at 5 of 7 circuits beside 3 spare ports of its own on a healthy OXC)
+        opened = changed_pods | unkept
+        near = {j for j in spare if j in work and work[j].pod_set & opened}
         _release_spare(ports, {j: spare[j] for j in near}, set(ports.free))
-        _release_spare(ports, spare, changed_pods)
+        _release_spare(ports, spare, opened)
     pool_have: dict[tuple[str, str], int] = defaultdict(int)
     for (_, a, b), n in pool.items():
         pool_have[(a, b)] += n
@@ -1057,17 +1077,15 @@ def allocate_ports(
             busy = sum(v for v in nets.values() if math.isfinite(v))
             t = max(w.d.compute_s + nets[j], busy) * turn_overhead
             s = round(t / w.ideal_s, 4) if w.ideal_s > 0 and math.isfinite(t) else math.inf
-            out.append(
-                JobAllocation(
-                    j,
-                    MODE_SHARED,
-                    (),
-                    exp,
-                    s,
-                    f"too few free ports on both pods of an OXC: takes turns with {k - 1} "
-                    f"other job(s) on {sum(pool_have.values())} shared circuit(s)",
-                )
+            why = (
+                f"too few free ports on both pods of an OXC: takes turns with {k - 1} "
+                f"other job(s) on {sum(pool_have.values())} shared circuit(s)"
             )
+            if (cut := _unhosted(pool, list(w.bytes))) is not None:
+                # its turn cannot join a pair: no estimate, and the reason says why
+                s = math.inf
+                why = _cut_off(cluster, *cut, k - 1)
+            out.append(JobAllocation(j, MODE_SHARED, (), exp, s, why))
         else:
             e_s = _electrical_s(w, electrical_gbps, elec_on, port_bps)
             s = round(max(1.0, e_s / w.ideal_s), 4) if w.ideal_s > 0 else 1.0
@@ -1732,6 +1750,18 @@ def _rebalance_for(
         key = (got[0][0], pair[0], pair[1])
         mine[key] = mine.get(key, 0) + 1
         w.have[pair] += 1
+
+
+def _cut_off(cluster: Cluster, a: str, b: str, others: int) -> str:
+    """Why a sharer's turn cannot join pods a and b."""
+    if (a, b) in cluster.oxc_joined_pods:
+        why = f"every OXC port that could join {a} and {b} is held"
+    else:
+        why = f"no OXC has a working port on both {a} and {b}"
+    return (
+        f"{why}: it takes turns with {others} other job(s), and its traffic between them "
+        "waits until ports return"
+    )
 
 
 def _latest_holding(

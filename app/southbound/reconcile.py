@@ -52,7 +52,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from .driver import SouthboundDriver
-from .errors import CommandRefused, RequestIdReused, SouthboundError
+from .errors import CommandRefused, RequestIdReused, SouthboundError, StaleToken
 from .state import ConfirmedState, PortPair, normalize_pair
 
 log = logging.getLogger("lightpath.southbound")
@@ -351,7 +351,12 @@ def _reconcile_oxc(
                 },
             )
         except SouthboundError as exc:
-            if outcome.confirmed is None and outcome.failed_exchanges == 0 and unreadable:
+            if (
+                outcome.confirmed is None
+                and outcome.failed_exchanges == 0
+                and unreadable
+                and not isinstance(exc, StaleToken)  # it answered: we are the stale one
+            ):
                 unreadable(oxc_id)  # its first read failed: no need to wait out the retries
             error = ReconcileError(oxc_id, exc.code, exc.detail, _is_retryable(exc))
             if not error.is_retryable:

@@ -30,7 +30,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from sqlalchemy import Engine, event, select, update
@@ -84,6 +85,21 @@ class Fence:
     def unbind_current_thread(self) -> None:
         with self._lock:
             self._threads.discard(threading.get_ident())
+
+    @contextmanager
+    def bound(self) -> Iterator[None]:
+        """Fence this thread's transactions inside the block (a worker pool's thread that
+        writes: a deposed leader's switch pass marked live switches stale from one)."""
+        ident = threading.get_ident()
+        with self._lock:
+            already = ident in self._threads
+            self._threads.add(ident)
+        try:
+            yield
+        finally:
+            if not already:
+                with self._lock:
+                    self._threads.discard(ident)
 
     def close(self) -> None:
         event.remove(self.engine, "begin", self._on_begin)

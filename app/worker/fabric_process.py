@@ -220,6 +220,7 @@ def run_child(conn: Connection, settings: Settings, cluster: Cluster, alive: Any
     if alive is not None:
         loop.on_round = lambda: setattr(alive, "value", time.monotonic())
     controller.on_failed_ports = loop.request_replan
+    controller.write_guard = fence.bound  # its OXC threads write reachability
     stop = threading.Event()
 
     def fenced(target: Callable[[threading.Event, Callable[[], bool]], None]) -> Callable[[], None]:

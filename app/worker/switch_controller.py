@@ -24,6 +24,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import replace
 
 from app.engine.cluster import Cluster
@@ -32,6 +33,7 @@ from app.logs import log_pass_failure
 from app.southbound import SouthboundDriver
 from app.southbound.reconcile import ReconcileResult, RetryPolicy, reconcile
 from app.store.fabric_repository import ConfirmedOxc, FabricRepository
+from app.store.fencing import Fenced
 
 from .metrics import WorkerMetrics
 
@@ -76,6 +78,8 @@ class SwitchController:
         self.passes = 0
         self._unreachable: frozenset[str] | None = None  # as last written (None: unknown)
         self._reachability_lock = threading.Lock()  # the pass's OXC threads write it too
+        # fences a write from a thread the caller did not bind (`Fence.bound`)
+        self.write_guard: Callable[[], AbstractContextManager[None]] = nullcontext
         self.last: ReconcileResult | None = None
 
     def kick(self) -> None:
@@ -165,11 +169,18 @@ class SwitchController:
 
     def _unreadable(self, oxc_id: str) -> None:
         """A switch whose first read of the pass failed is shown stale at once (a hung one
-        kept its row fresh for the ~36 s its retries took); the pass's end settles it."""
+        kept its row fresh for the ~36 s its retries took); the pass's end settles it.
+
+        Called from the pass's OXC threads: the write is fenced there too (`write_guard`),
+        so a deposed leader's pass, whose reads fail for it, marks nothing stale."""
         with self._reachability_lock:
             unreachable = (self._unreachable or frozenset()) | {oxc_id}
             if unreachable != self._unreachable:
-                self.repo.save_reachability(unreachable)
+                try:
+                    with self.write_guard():
+                        self.repo.save_reachability(unreachable)
+                except Fenced:
+                    return  # no longer the leader: the pass ends fenced, nothing written
                 self._unreachable = unreachable
 
     def reset(self) -> None:

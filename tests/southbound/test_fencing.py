@@ -289,3 +289,56 @@ def test_a_hung_switch_is_shown_unreachable_before_its_retries_run_out(
         driver.release.set()
         thread.join(10)
     assert repo.unreachable == frozenset({hung})  # the pass ends agreeing
+
+
+def test_a_deposed_leaders_switch_threads_mark_no_switch_stale(
+    small_cluster: Cluster, tmp_path: Any
+) -> None:
+    """A fault sweep resumed a SIGSTOPped leader: its switch pass's reads were refused
+    (`stale-token`) or timed out, and its OXC threads, which the fence did not bind,
+    wrote two live switches as unreachable; `/v1/topology` showed them stale until the
+    next leader change. The reachability write is fenced on those threads too, and a
+    switch that refuses our token is not unreachable."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from sqlalchemy import update
+
+    from app.settings import Settings
+    from app.store import tables as t
+    from app.store.fabric_repository import FabricRepository
+    from app.store.fencing import Fence
+    from app.store.migrate import upgrade_to_head
+    from app.wiring import build_store
+
+    settings = Settings(database_url=f"sqlite:///{tmp_path}/fence.db", cluster="small")
+    upgrade_to_head(settings)
+    store = build_store(settings)
+    try:
+        with store.write_engine.begin() as conn:
+            conn.execute(update(t.fencing).where(t.fencing.c.name == "worker").values(token=7))
+        fence = Fence(store.write_engine, lambda: 3)  # deposed: the row holds 7
+        repo = FabricRepository(store)
+        controller = SwitchController(
+            repo, InProcessDriver.for_cluster(small_cluster), small_cluster, WorkerMetrics()
+        )
+        controller.write_guard = fence.bound
+        before = repo.fact("switches")
+        with ThreadPoolExecutor(1) as pool:  # as reconcile runs each OXC
+            pool.submit(controller._unreadable, small_cluster.oxcs[0].id).result()
+        assert repo.fact("switches") == before
+        fence.close()
+    finally:
+        store.dispose()
+    # a switch that answers stale-token answered: it is not reported unreadable
+    oxc = small_cluster.oxcs[0].id
+    seen: list[str] = []
+
+    class Refusing:
+        def read(self, oxc_id: str, *, token: int | None = None) -> ConfirmedState:
+            raise StaleToken(f"{oxc_id} has seen a newer token")
+
+        def apply(self, *args: Any, **kw: Any) -> None:
+            raise AssertionError("nothing is applied")
+
+    result = reconcile(Refusing(), {oxc: ()}, policy=NO_WAIT, token=3, unreadable=seen.append)
+    assert seen == [] and result.fenced
