@@ -41,6 +41,9 @@ from app.bus.outage import OutageLog
 log = logging.getLogger("lightpath.lease")
 
 _CONNECT_TIMEOUT_S = 1.0
+# the fencing row passing a token we advanced to within this window means another
+# leader under another lease; the lease then stands by this long
+LEAPFROG_WINDOW_S = 60.0
 # Redis expires the key at most ttl after it received our command, and we start
 # the clock before sending it; the margin covers clock-rate drift between hosts.
 _DRIFT_FACTOR = 0.01
@@ -178,6 +181,8 @@ class RedisLease:
         self._token: int | None = None
         self._valid_until = 0.0  # time.monotonic() after which the key may have expired
         self._outage = OutageLog(log, "lease store unreachable", "lease store reachable again")
+        self._advanced: tuple[int, float] | None = None  # (token, when) of the last advance
+        self._stand_by_until = 0.0  # another leader's lease was seen: no election till then
 
     @property
     def ttl_ms(self) -> int:
@@ -215,6 +220,8 @@ class RedisLease:
             if self._value is not None and self._extend_locked():
                 return True
             sent_at = time.monotonic()
+            if sent_at < self._stand_by_until:
+                return False  # another leader's lease is live (`advance_past`)
             try:
                 token = self._acquire(
                     keys=[self.name, self.token_key], args=[self.holder, self.ttl_ms]
@@ -252,6 +259,28 @@ class RedisLease:
             if self._value is None or time.monotonic() >= self._valid_until:
                 return None
             sent_at = time.monotonic()
+            last = self._advanced
+            if last is not None and floor >= last[0] and sent_at - last[1] < LEAPFROG_WINDOW_S:
+                # the row passed the token we advanced to: another leader writes to the
+                # database under another lease (another Redis, another prefix). Two such
+                # leaders leapfrogged 29 times in 52 s, both writing decisions: stand by
+                self._stand_by_until = sent_at + LEAPFROG_WINDOW_S
+                conflict = True
+            else:
+                conflict = False
+        if conflict:
+            log.error(
+                "another leader writes to this database under a different lease: standing "
+                "by; give every worker of one database the same LIGHTPATH_REDIS_URL and "
+                "LIGHTPATH_REDIS_PREFIX",
+                extra={"lease": self.name, "floor": floor, "stand_by_s": LEAPFROG_WINDOW_S},
+            )
+            self.release()
+            return None
+        with self._lock:
+            if self._value is None or time.monotonic() >= self._valid_until:
+                return None
+            sent_at = time.monotonic()
             try:
                 token = self._advance(
                     keys=[self.name, self.token_key],
@@ -265,6 +294,7 @@ class RedisLease:
             self._token = int(token)
             self._value = f"{self._token}:{self.holder}"
             self._valid_until = sent_at + self._safe_ttl_s()
+            self._advanced = (self._token, sent_at)
         log.warning(
             "lease token was behind the database; advanced",
             extra={"lease": self.name, "token": token, "floor": floor},

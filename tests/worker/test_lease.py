@@ -287,3 +287,23 @@ def test_an_unreachable_lease_store_is_reported_once_per_outage(
         assert len([r for r in caplog.records if r.levelname == "DEBUG"]) == 2
     finally:
         lease.close()
+
+
+def test_two_leaders_under_different_leases_do_not_leapfrog(
+    make_lease: Callable[..., RedisLease], redis_url: str, prefix: str
+) -> None:
+    """Two workers on one database with different Redis prefixes (or URLs) both held a
+    lease; each moved its token past the other's in turn (29 times in 52 s in a fault
+    sweep), and both wrote decisions. The second time the row passes a token a lease
+    advanced to, it stands by instead, and the other leads alone."""
+    a = make_lease("a")
+    b = RedisLease(redis_url, f"{prefix}:elsewhere", holder="b", ttl_s=TTL_S)
+    try:
+        assert a.try_acquire() and b.try_acquire()  # token 1 each, on separate counters
+        assert b.advance_past(1) == 2  # a wrote first: the row holds 1
+        assert a.advance_past(2) == 3  # b's write raised it to 2
+        assert b.advance_past(3) is None  # past b's own advance: another leader
+        assert not b.is_held and not b.try_acquire()  # it stands by
+        assert a.is_held and a.renew()
+    finally:
+        b.close()
