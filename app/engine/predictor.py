@@ -49,6 +49,11 @@ DEFAULT_DECAY = 0.75
 _META_DECAY = 0.95
 # How much fewer decayed mispredictions another expert needs to take the lead.
 _SWITCH_MARGIN = 0.5
+# How much better the seed algorithm's record must be to be followed over an established
+# leader: one odd phase inserted costs the period experts a miss more than the seed,
+# which then led (and reported its whole history as the period: 121 after one odd
+# phase in 120 of `P D`) for as long as both kept hitting.
+_PROVEN_SEED_MARGIN = 1.5
 # The seed algorithm's queue holds every plan since learning began and grows without
 # bound on aperiodic sequences; the embedded copy restarts beyond this length (a
 # queue that long predicts nothing the period experts cannot).
@@ -158,6 +163,7 @@ class LightpathState:
     leader: int = 0  # period of the leading expert, 0 before any plan was seen
     leader_since: int = 0  # count when the leader last mispredicted or took over
     leader_proven: bool = False  # it predicted a whole period (2+ phases) without a miss
+    leader_record: int = 0  # the most phases it predicted in a row since it led
     expert_plan: str | None = None  # the leading period expert's plan for the next phase
     seed: SeedState = SeedState()  # the seed algorithm run alongside, as a safety net
     expert_score: float = 0.0  # decayed mispredictions of the period experts' choice
@@ -177,7 +183,13 @@ class LightpathState:
     @property
     def follows_seed(self) -> bool:
         """True while the seed algorithm has the better recent record and is followed."""
-        return self.seed_score < self.expert_score
+        return _follows_seed(self.seed_score, self.expert_score, self._established)
+
+    @property
+    def _established(self) -> bool:
+        """The leader once predicted 4 whole periods in a row (at least 8 phases): a
+        pattern of its own, not a run of one plan inside a longer one."""
+        return self.leader >= 2 and self.leader_record >= max(8, 4 * self.leader)
 
     @property
     def period(self) -> int | None:
@@ -214,6 +226,12 @@ class LightpathState:
     def next_plan(self) -> str | None:
         """The plan the fabric holds for the next demand."""
         return self.installed
+
+
+def _follows_seed(seed_score: float, expert_score: float, established: bool) -> bool:
+    """Follow the seed algorithm while its recent record is strictly better, by more than
+    one and a half mistakes over an established leader (`LightpathState._established`)."""
+    return seed_score < expert_score - (_PROVEN_SEED_MARGIN if established else 0.0)
 
 
 def new_lightpath_state(
@@ -294,9 +312,11 @@ def step_lightpath(state: LightpathState, plan: str) -> tuple[LightpathState, St
         else:
             best = incumbent
     leader = best + 1
+    record = max(state.leader_record, n - leader_since)
     if leader != state.leader:
         leader_since = n
         proven = False
+        record = 0
 
     # 4. The safety net: follow the seed algorithm only while its recent record is
     # strictly better, so lightpath is never much worse than seed on any sequence
@@ -306,7 +326,9 @@ def step_lightpath(state: LightpathState, plan: str) -> tuple[LightpathState, St
     seed = state.seed if len(state.seed.q) <= _SEED_QUEUE_CAP else SeedState()
     seed, _ = step_seed(seed, plan)
     expert_plan = predictions[best]
-    installed = seed.installed if seed_score < expert_score else expert_plan
+    established = leader >= 2 and record >= max(8, 4 * leader)
+    on_seed = _follows_seed(seed_score, expert_score, established)
+    installed = seed.installed if on_seed else expert_plan
     new = replace(
         state,
         history=hist,
@@ -317,6 +339,7 @@ def step_lightpath(state: LightpathState, plan: str) -> tuple[LightpathState, St
         leader=leader,
         leader_since=leader_since,
         leader_proven=proven,
+        leader_record=record,
         expert_plan=expert_plan,
         seed=seed,
         expert_score=expert_score,

@@ -202,6 +202,24 @@ def test_a_report_sent_twice_or_lost_costs_two_misses_and_keeps_the_period(
     assert count_misses(steps[len(before) - 1 :]) == 2
 
 
+@pytest.mark.parametrize("cycles", [10, 60, 200])
+def test_an_odd_phase_of_a_new_plan_inserted_keeps_the_period(cycles: int) -> None:
+    # A traffic sweep reported one phase with a single stray demand (a plan never seen)
+    # inside a long `F D` run: the period experts paid one miss more than the seed
+    # algorithm, which then led for as long as both hit and reported its whole history
+    # as the period (61, with a 61-plan queue, 30 phases later).
+    before = cyc("F D", cycles)
+    plans = before + ["X"] + cyc("F D", 60)
+    state = new_predictor("lightpath")
+    steps = []
+    for plan in plans:
+        state, s = step(state, plan)
+        steps.append(s)
+        if len(steps) >= 8:  # learnt by then
+            assert state.period == 2 and len(state.queue) == 2, (len(steps), state.period)
+    assert count_misses(steps[len(before) :]) <= 3
+
+
 def test_lightpath_ignores_an_unpredictable_moe_slot() -> None:
     # An uneven AllToAll that never repeats exactly: one unavoidable miss per cycle.
     plans = [x for i in range(40) for x in ("pp", f"a2a-{i}", "pp", "dp")]
