@@ -328,20 +328,7 @@ class TrafficRepository:
                     conn.execute(insert(t.counters).values(name=CURSOR, value=cursor))
                 elif int(exists) >= cursor:
                     return []  # already applied (a duplicate pass): nothing twice
-            for p in predictions:
-                values = {
-                    "algorithm": p.algorithm,
-                    "state": p.state,
-                    "hits": p.hits,
-                    "misses": p.misses,
-                    "exposed_reconfig_s": p.exposed_reconfig_s,
-                    "updated_at": now,
-                }
-                changed = conn.execute(
-                    update(t.predictions).where(t.predictions.c.job_id == p.job_id).values(**values)
-                ).rowcount
-                if not changed:
-                    conn.execute(insert(t.predictions).values(job_id=p.job_id, **values))
+            _upsert_predictions(conn, predictions, now)
             if desired is not None:
                 replace_desired(conn, desired, previous)
             if dead_letters:
@@ -363,6 +350,12 @@ class TrafficRepository:
                     ],
                 )
             return append_decisions(conn, decisions)
+
+    def save_predictions(self, predictions: Sequence[PredictionRow]) -> None:
+        """Upsert summaries outside a traffic batch: phases the switches' confirmations
+        scored after the job's last report (one transaction)."""
+        with self.store.write_engine.begin() as conn:
+            _upsert_predictions(conn, predictions, utcnow())
 
     def dead_letters(self, after: int = 0, limit: int = 100) -> list[DeadLetterRecord]:
         """Reports set aside by the worker, in consumption order, after `after` (an ord)."""
@@ -624,3 +617,20 @@ def with_reconnect(engine: Engine, body: Callable[[Connection], T]) -> T:
             trans.commit()
             return result
     raise AssertionError("unreachable")
+
+
+def _upsert_predictions(conn: Any, predictions: Sequence[PredictionRow], now: Any) -> None:
+    for p in predictions:
+        values = {
+            "algorithm": p.algorithm,
+            "state": p.state,
+            "hits": p.hits,
+            "misses": p.misses,
+            "exposed_reconfig_s": p.exposed_reconfig_s,
+            "updated_at": now,
+        }
+        changed = conn.execute(
+            update(t.predictions).where(t.predictions.c.job_id == p.job_id).values(**values)
+        ).rowcount
+        if not changed:
+            conn.execute(insert(t.predictions).values(job_id=p.job_id, **values))

@@ -218,7 +218,14 @@ class FabricDriver:
             if r.collective is not None
             and (r.collective.get("network") or {}).get("mode") == NETWORK_SHARED
         }
+        before = self._accounts()
         decisions = self._apply(events, restored=restored, sharers=sharers)
+        # phases the confirmations scored (they wait for the switches): stored now, not
+        # at the job's next report (a job whose last phase waited read one phase short,
+        # for good once it ended, and /metrics disagreed with the API)
+        scored = [j for j, c in memory.state.cycles.items() if before.get(j) is not c.accounting]
+        if scored:
+            self.traffic.save_predictions([self.summary(j) for j in sorted(scored)])
         if loading:
             # every placed job's plan is now in memory for the leader's lifetime: take
             # it out of the collector's generations so full collections stay short
