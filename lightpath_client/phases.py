@@ -41,7 +41,9 @@ def ring_allreduce_demands(servers: Sequence[str], nbytes: float) -> dict[tuple[
 
 
 class PhaseReporter:
-    """Queues phase reports and posts them in the background, batched."""
+    """Queues phase reports and posts them in the background: each as soon as the
+    previous post is done, batched while one is in flight (`flush_s`: the longest
+    wait when idle)."""
 
     def __init__(
         self,
@@ -139,9 +141,10 @@ class PhaseReporter:
             report["job_id"] = self.job_id
         with self._lock:
             self._pending.append(report)
-            full = len(self._pending) >= self.max_batch
-        if full:
-            self._wake.set()
+        # posted at once: the controller rewires for the next phase as it learns of
+        # this one (posting once a second cut a 0.33 s-gap job's hits from 26 to 13);
+        # phases queued while a post is in flight go together in the next
+        self._wake.set()
 
     def flush(self) -> None:
         """Post everything queued so far, now, in the caller's thread."""

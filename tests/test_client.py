@@ -7,6 +7,7 @@ answers and the pauses between attempts can be asserted exactly.
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
 from collections.abc import Iterator
@@ -341,12 +342,26 @@ def test_allreduce_reports_every_dp_group_as_one_phase() -> None:
         for stage in range(2)
         for dp in (1, 0)
     ]
-    reporter = PhaseReporter(
-        Client(f"http://127.0.0.1:{free_port()}", retries=0), "j", flush_s=60, placement=units
-    )
+    posted: list[dict] = []
+    posted_at: list[float] = []
+
+    def traffic(request: httpx.Request) -> httpx.Response:
+        posted.extend(json.loads(request.content)["reports"])
+        posted_at.append(time.monotonic())
+        return httpx.Response(202, json={"accepted": 1, "last_seq": len(posted)})
+
+    client = Client("http://lp", transport=httpx.MockTransport(traffic))
+    reporter = PhaseReporter(client, "j", flush_s=60, placement=units)
+    queued_at = time.monotonic()
     reporter.allreduce(4e9, started_at=12.5)
     assert reporter.dp_rings() == [["s00", "s01"], ["s10", "s11"]]
-    (report,) = reporter._pending
+    deadline = time.monotonic() + 5
+    while not posted and time.monotonic() < deadline:
+        time.sleep(0.01)
+    # posted at once, not at the next flush_s (a second by default, here a minute): the
+    # controller rewires for the next phase as it learns of this one
+    assert posted and posted_at[0] - queued_at < 2.0
+    (report,) = posted
     assert report["job_id"] == "j" and report["phase_started_at"] == 12.5
     # a ring of two moves 2 (n-1)/n = 1 x the buffer each way
     assert sorted((d["src"], d["dst"], d["bytes"]) for d in report["demands"]) == [

@@ -507,7 +507,10 @@ def _groups(report: ReportRow, by_server: dict[str, str]) -> dict[str, tuple[Dem
     drop it unseen: its bytes are not the other jobs' on those servers."""
     demands = [Demand(str(src), str(dst), float(size)) for src, dst, size in report.demands]
     if report.job_id is None:
-        return attribute_demands(by_server, demands)
+        groups = attribute_demands(by_server, demands)
+        if not groups:  # it was dropped unseen: no dead letter, no count
+            raise LookupError("no placed job holds a server of this report")
+        return groups
     if report.job_id not in set(by_server.values()):
         raise LookupError(f"job {report.job_id!r} is not placed")
     return {report.job_id: tuple(demands)}

@@ -110,6 +110,8 @@ def test_a_report_naming_a_job_not_placed_is_set_aside(server: LiveServer) -> No
             {"job_id": "ghost", "phase_started_at": t - 2, "demands": [_idle_pair(c, job)]},
             # names no job, on the live job's servers: the live job's
             {"phase_started_at": t - 1, "demands": [on_live]},
+            # names no job, between servers nobody holds (it was dropped unseen)
+            {"phase_started_at": t - 1, "demands": [_idle_pair(c, job)]},
         ]
         assert c.post("/v1/traffic", json={"reports": reports}).status_code == 202
         deadline = time.monotonic() + 20
@@ -120,7 +122,9 @@ def test_a_report_naming_a_job_not_placed_is_set_aside(server: LiveServer) -> No
         assert [(d["job_id"], "not placed" in d["reason"]) for d in letters] == [
             ("ghost", True),
             ("ghost", True),
+            (None, False),
         ]
+        assert "no placed job holds" in letters[-1]["reason"]
 
 
 def _idle_pair(c: Any, job: dict[str, Any]) -> dict[str, Any]:
