@@ -708,6 +708,12 @@ def allocate_ports(
                 )
         else:
             unserved.append(d.job_id)
+    if repair:
+        # a job that lost circuits (or its minimum) to failed ports takes circuits back
+        # from jobs on its pods while they stay less slowed than it is, as an arrival
+        # does: jobs that had grown into the ports kept them once the light was back
+        # (a fault sweep: 8 and 8 circuits before a pod's outage, 15 and 1 after it)
+        _rebalance_repaired(prev_jobs, ports, circuits, spare, work, isolated, port_bps, gave)
 
     # 2. the rest: shared pool (reclaiming minimal slices if needed) or electrical
     shared: list[str] = [d.job_id for d in order if d.job_id in prev_shared]
@@ -1762,6 +1768,29 @@ def _cut_off(cluster: Cluster, a: str, b: str, others: int) -> str:
         f"{why}: it takes turns with {others} other job(s), and its traffic between them "
         "waits until ports return"
     )
+
+
+def _rebalance_repaired(
+    prev_jobs: Mapping[str, JobAllocation],
+    ports: _Ports,
+    circuits: dict[str, dict[tuple[str, str, str], int]],
+    spare: dict[str, dict[tuple[str, str], int]],
+    work: Mapping[str, _Job],
+    isolated: Sequence[str],
+    port_bps: float,
+    gave: set[str],
+) -> None:
+    """`_rebalance_for` each isolated job holding fewer circuits than before (most slowed
+    first), its own spare ports on its pods free for it first."""
+    short = []
+    for j in isolated:
+        was = prev_jobs.get(j)
+        held = sum(n for _, _, _, n in was.circuits) if was is not None else 0
+        if was is None or was.mode != MODE_ISOLATED or sum(circuits.get(j, {}).values()) < held:
+            short.append(j)
+    for j in sorted(short, key=lambda x: (-work[x].slowdown(port_bps), work[x].rank)):
+        _release_spare(ports, {j: spare[j]}, set(work[j].pods))
+        _rebalance_for(j, ports, circuits, work, isolated, port_bps, _DonorCache(gave))
 
 
 def _latest_holding(
