@@ -512,5 +512,8 @@ def _groups(report: ReportRow, by_server: dict[str, str]) -> dict[str, tuple[Dem
             raise LookupError("no placed job holds a server of this report")
         return groups
     if report.job_id not in set(by_server.values()):
-        raise LookupError(f"job {report.job_id!r} is not placed")
+        raise LookupError(
+            f"job {report.job_id!r} is not placed (unknown, queued, or ended before the "
+            "report was read)"
+        )
     return {report.job_id: tuple(demands)}
