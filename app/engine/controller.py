@@ -271,6 +271,15 @@ class JobCycle:
     # rewiring would not have fitted its gap): phases after that run on a kept topology
     kept_at_s: float | None = None
 
+    @property
+    def final_accounting(self) -> Accounting:
+        """The accounting as the job ends: a phase still waiting on the switches never
+        ran on its circuits, a miss (its wait's end is the job's: no exposed time)."""
+        acc = self.accounting
+        for _ in self.waiting:
+            acc = acc.plus("miss")
+        return acc
+
     def clock_trusted(self, now_s: float) -> bool:
         return self.clock_ahead_at_s is None or now_s - self.clock_ahead_at_s > CLOCK_DISTRUST_S
 

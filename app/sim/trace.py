@@ -65,7 +65,7 @@ def replay_trace(
     while queue:
         at, _, _, event = heapq.heappop(queue)
         if isinstance(event, JobCompleted) and (cycle := state.cycle(event.job_id)):
-            out.finished[event.job_id] = cycle.accounting
+            out.finished[event.job_id] = cycle.final_accounting
         state, decisions = step(state, event)
         out.decisions.extend((at, d) for d in decisions)
         if any(d.kind == "oxc" for d in decisions):

@@ -38,6 +38,7 @@ from app.engine.controller import (
     ControllerState,
     Event,
     JobCompleted,
+    JobCycle,
     JobPlaced,
     PhaseObserved,
     PortsChanged,
@@ -145,6 +146,8 @@ class FabricDriver:
         self.retention: Retention | None = None  # set by the wiring; run from the tick
         self.retention_interval_s = 60.0
         self._retained_at = float("-inf")
+        # jobs that ended in this pass with phases still waiting, and their last cycle
+        self.ended: list[tuple[str, JobCycle]] = []
 
     # --- memory ---------------------------------------------------------------
 
@@ -219,13 +222,17 @@ class FabricDriver:
             and (r.collective.get("network") or {}).get("mode") == NETWORK_SHARED
         }
         before = self._accounts()
+        self.ended.clear()
         decisions = self._apply(events, restored=restored, sharers=sharers)
         # phases the confirmations scored (they wait for the switches): stored now, not
         # at the job's next report (a job whose last phase waited read one phase short,
         # for good once it ended, and /metrics disagreed with the API)
         scored = [j for j, c in memory.state.cycles.items() if before.get(j) is not c.accounting]
-        if scored:
-            self.traffic.save_predictions([self.summary(j) for j in sorted(scored)])
+        rows = [self.summary(j) for j in sorted(scored)]
+        rows += [self.summary(j, cycle) for j, cycle in self.ended]
+        self.ended.clear()
+        if rows:
+            self.traffic.save_predictions(rows)
         if loading:
             # every placed job's plan is now in memory for the leader's lifetime: take
             # it out of the collector's generations so full collections stay short
@@ -302,6 +309,10 @@ class FabricDriver:
             decisions.extend(made)
         else:
             for event in events:
+                if isinstance(event, JobCompleted) and (ending := state.cycle(event.job_id)):
+                    if ending.waiting:  # scored as it ends (see `JobCycle.final_accounting`)
+                        self._count(ending.accounting, ending.final_accounting)
+                        self.ended.append((event.job_id, ending))
                 state, made = step(state, event)
                 decisions.extend(made)
         self.memory.state = state
@@ -465,13 +476,16 @@ class FabricDriver:
         self.metrics.traffic_reports.inc(len(reports))
         return len(reports)
 
-    def summary(self, job_id: str) -> PredictionRow:
-        """The job's prediction row: predictor state and measured accounting."""
+    def summary(self, job_id: str, cycle: JobCycle | None = None) -> PredictionRow:
+        """The job's prediction row: predictor state and measured accounting (`cycle`: a
+        job's last, as it ended, with its final accounting)."""
         assert self.memory is not None
-        cycle = self.memory.state.cycle(job_id)
+        final = cycle is not None
+        cycle = cycle or self.memory.state.cycle(job_id)
         assert cycle is not None
         p = cycle.predictor
-        acc = _plus(self.memory.base.get(job_id, Accounting()), cycle.accounting)
+        mine = cycle.final_accounting if final else cycle.accounting
+        acc = _plus(self.memory.base.get(job_id, Accounting()), mine)
         return PredictionRow(
             job_id,
             p.algorithm,

@@ -228,3 +228,19 @@ def test_a_phase_scored_after_the_jobs_last_report_is_stored() -> None:
         _, live = run_worker(steps, Path(tmp) / "w.db", settle=True)
     hits, held, misses, _ = live["a"]
     assert hits + held + misses == 9, live["a"]
+
+
+def test_a_phase_still_waiting_when_its_job_ends_is_a_miss_in_both(tmp_path: Path) -> None:
+    """A phase waiting on its circuits when the job ended was never scored, by the
+    worker or the simulator: hits + held + misses fell short of the phases reported."""
+    steps = [Step(0.0, "place", "a")] + [
+        Step(1.0 + k * 0.5, "phase", "a", (_pp if k % 2 == 0 else _dp)("a", 0)) for k in range(8)
+    ]
+    last = steps[-1].at + 0.01  # its rewiring is not confirmed yet ...
+    steps += [Step(last, "phase", "a", _dp("a", 0)), Step(last + 0.005, "complete", "a")]
+    sim_log, sim_scores = run_simulated(steps)
+    live_log, live_scores = run_worker(steps, tmp_path / "w.db")
+    assert sim_log == live_log
+    assert sim_scores["a"] == live_scores["a"]
+    hits, held, misses, _ = live_scores["a"]
+    assert hits + held + misses == 9 and misses >= 1, live_scores["a"]
