@@ -221,13 +221,11 @@ class FabricDriver:
             if r.collective is not None
             and (r.collective.get("network") or {}).get("mode") == NETWORK_SHARED
         }
-        before = self._accounts()
         self.ended.clear()
-        decisions = self._apply(events, restored=restored, sharers=sharers)
+        decisions, scored = self._apply(events, restored=restored, sharers=sharers)
         # phases the confirmations scored (they wait for the switches): stored now, not
         # at the job's next report (a job whose last phase waited read one phase short,
         # for good once it ended, and /metrics disagreed with the API)
-        scored = [j for j, c in memory.state.cycles.items() if before.get(j) is not c.accounting]
         rows = [self.summary(j) for j in sorted(scored)]
         rows += [self.summary(j, cycle) for j, cycle in self.ended]
         self.ended.clear()
@@ -285,11 +283,11 @@ class FabricDriver:
         *,
         restored: set[str] | None = None,
         sharers: Collection[str] = (),
-    ) -> list[Decision]:
+    ) -> tuple[list[Decision], list[str]]:
+        """The decisions, and the jobs whose accounting the events changed."""
         before = self._accounts()
         decisions = self._step(events, restored=restored, sharers=sharers)
-        self._count_since(before)
-        return decisions
+        return decisions, self._count_since(before)
 
     def _step(
         self,
@@ -322,12 +320,16 @@ class FabricDriver:
         assert self.memory is not None
         return {j: c.accounting for j, c in self.memory.state.cycles.items()}
 
-    def _count_since(self, before: dict[str, Accounting]) -> None:
+    def _count_since(self, before: dict[str, Accounting]) -> list[str]:
+        """Count in the metrics what the events scored; the jobs they scored."""
         assert self.memory is not None
-        for job_id, cycle in self.memory.state.cycles.items():  # what the events scored
+        scored = []
+        for job_id, cycle in self.memory.state.cycles.items():
             was = before.get(job_id)
             if was is not cycle.accounting:  # the same object: nothing was scored
                 self._count(was or Accounting(), cycle.accounting)
+                scored.append(job_id)
+        return scored
 
     def _count(self, before: Accounting, after: Accounting) -> None:
         if after == before:

@@ -43,6 +43,22 @@ def _place(cluster: Cluster, dps: list[int]) -> ControllerState:
     return state
 
 
+# jobs of these dp sizes placed on `small`, then any set of the two OXCs' ports failed
+any_failure = settings(max_examples=60, deadline=None)(
+    given(
+        dps=st.lists(st.sampled_from([4, 6, 8, 10, 12]), min_size=1, max_size=4),
+        failed=st.sets(st.tuples(st.sampled_from(["oxc-0", "oxc-1"]), st.integers(0, 31))),
+    )
+)
+
+
+def _dark(failed: set[tuple[str, int]]) -> Cluster:
+    """`small` with these (oxc, port) failed."""
+    return without_failed_ports(
+        SMALL, {o.id: frozenset(p for x, p in failed if x == o.id) for o in SMALL.oxcs}
+    )
+
+
 def _isolated_figures(state: ControllerState) -> dict[str, tuple[float, float, float]]:
     """Job -> (estimated_slowdown, the figure its reason states, the allocation's
     direct-circuit estimate), isolated jobs only."""
@@ -82,17 +98,12 @@ def test_losing_uplinks_raises_the_figure_and_the_reason_says_the_same() -> None
         assert abs(shown - stated) <= 0.005 + 1e-9
 
 
-@settings(max_examples=60, deadline=None)
-@given(
-    dps=st.lists(st.sampled_from([4, 6, 8, 10, 12]), min_size=1, max_size=4),
-    failed=st.sets(st.tuples(st.sampled_from(["oxc-0", "oxc-1"]), st.integers(0, 31))),
-)
+@any_failure
 def test_after_any_failure_the_figure_is_at_least_one_and_no_worse_than_the_allocation(
     dps: list[int], failed: set[tuple[str, int]]
 ) -> None:
     state = _place(SMALL, dps)
-    dead = {o.id: frozenset(p for x, p in failed if x == o.id) for o in SMALL.oxcs}
-    state, _ = step(state, PortsChanged(without_failed_ports(SMALL, dead), 5.0))
+    state, _ = step(state, PortsChanged(_dark(failed), 5.0))
     for pj in state.jobs:
         view = network_view(state, pj.job.job_id)
         assert view is not None
@@ -147,18 +158,13 @@ def test_circuits_lost_to_failed_ports_come_back_on_healthy_ones() -> None:
     assert _room_left(state, after_cluster, "j2") == []
 
 
-@settings(max_examples=60, deadline=None)
-@given(
-    dps=st.lists(st.sampled_from([4, 6, 8, 10, 12]), min_size=1, max_size=4),
-    failed=st.sets(st.tuples(st.sampled_from(["oxc-0", "oxc-1"]), st.integers(0, 31))),
-)
+@any_failure
 def test_after_failed_ports_no_slowed_job_is_left_beside_ports_it_could_use(
     dps: list[int], failed: set[tuple[str, int]]
 ) -> None:
     state = _place(SMALL, dps)
     before = {ja.job_id: ja.estimated_slowdown for ja in state.allocation.jobs}
-    dead = {o.id: frozenset(p for x, p in failed if x == o.id) for o in SMALL.oxcs}
-    after_cluster = without_failed_ports(SMALL, dead)
+    after_cluster = _dark(failed)
     state, _ = step(state, PortsChanged(after_cluster, 5.0))
     for ja in state.allocation.jobs:
         # slowed by the failure (the allocation's pod-level water-filling can leave a job
@@ -184,17 +190,12 @@ def test_a_job_whose_pod_lost_every_uplink_says_so() -> None:
     assert view is not None and view.mode == "isolated" and view.estimated_slowdown is not None
 
 
-@settings(max_examples=60, deadline=None)
-@given(
-    dps=st.lists(st.sampled_from([4, 6, 8, 10, 12]), min_size=1, max_size=4),
-    failed=st.sets(st.tuples(st.sampled_from(["oxc-0", "oxc-1"]), st.integers(0, 31))),
-)
+@any_failure
 def test_once_failed_ports_return_every_job_with_cross_pod_traffic_is_served(
     dps: list[int], failed: set[tuple[str, int]]
 ) -> None:
     state = _place(SMALL, dps)
-    dead = {o.id: frozenset(p for x, p in failed if x == o.id) for o in SMALL.oxcs}
-    state, _ = step(state, PortsChanged(without_failed_ports(SMALL, dead), 5.0))
+    state, _ = step(state, PortsChanged(_dark(failed), 5.0))
     state, _ = step(state, PortsChanged(SMALL, 6.0))
     for pj in state.jobs:
         view = network_view(state, pj.job.job_id)
@@ -204,11 +205,7 @@ def test_once_failed_ports_return_every_job_with_cross_pod_traffic_is_served(
             assert "waits until ports return" not in view.reason, view
 
 
-@settings(max_examples=60, deadline=None)
-@given(
-    dps=st.lists(st.sampled_from([4, 6, 8, 10, 12]), min_size=1, max_size=4),
-    failed=st.sets(st.tuples(st.sampled_from(["oxc-0", "oxc-1"]), st.integers(0, 31))),
-)
+@any_failure
 def test_after_ports_fail_and_return_no_job_is_left_slower_than_the_worst_before(
     dps: list[int], failed: set[tuple[str, int]]
 ) -> None:
@@ -218,8 +215,7 @@ def test_after_ports_fail_and_return_no_job_is_left_slower_than_the_worst_before
     take them back while the others stay less slowed."""
     state = _place(SMALL, dps)
     worst = max(ja.estimated_slowdown for ja in state.allocation.jobs)
-    dead = {o.id: frozenset(p for x, p in failed if x == o.id) for o in SMALL.oxcs}
-    state, _ = step(state, PortsChanged(without_failed_ports(SMALL, dead), 5.0))
+    state, _ = step(state, PortsChanged(_dark(failed), 5.0))
     state, _ = step(state, PortsChanged(SMALL, 6.0))
     after = max(ja.estimated_slowdown for ja in state.allocation.jobs)
     assert after <= worst * 1.05 + 1e-9, (worst, after)
