@@ -39,6 +39,7 @@ RUNNERS = ("local", "ssh", "print")
 # long, or the job's lease when longer: given up sooner, the launcher would exit 1 and
 # a job whose ranks succeeded would end `lease_expired`
 FINAL_RETRY_S = 120.0
+WATCH_RETRY_S = 1.0  # pause after a failed long-poll for the job's end
 
 
 def node_rank(unit: Unit, dp: int, ep: int) -> int:
@@ -224,7 +225,13 @@ class Progress:
 
 
 class Heartbeat(threading.Thread):
-    """Renews the job's lease; notices when the server ended the job (409)."""
+    """Renews the job's lease; notices when the server ended the job.
+
+    Between renewals it long-polls the job (`wait_for=completed`, which any ended
+    state answers), so an operator's cancel or a lease expiry reaches the ranks
+    within a round trip rather than at the next renewal (every lease / 3: 20 s at
+    the default lease). A renewal answered 409 (the job ended) says the same.
+    """
 
     def __init__(self, client: Client, job_id: str, every_s: float) -> None:
         super().__init__(name="lightpath-heartbeat", daemon=True)
@@ -235,7 +242,15 @@ class Heartbeat(threading.Thread):
         self.ended: Job | None = None
 
     def run(self) -> None:
-        while not self.stop.wait(self.every_s):
+        beat_at = time.monotonic() + self.every_s
+        while not self.stop.is_set():
+            left = beat_at - time.monotonic()
+            if left > 0:
+                self._watch(left)
+                if self.ended is not None:
+                    return
+                continue
+            beat_at = time.monotonic() + self.every_s
             try:
                 self.client.heartbeat(self.job_id)
             except Conflict as exc:
@@ -244,6 +259,17 @@ class Heartbeat(threading.Thread):
                 return
             except LightpathError as exc:
                 print(f"[lightpath] heartbeat failed: {exc}", file=sys.stderr)
+
+    def _watch(self, for_s: float) -> None:
+        """Hold a long-poll for the job's end for up to `for_s` (a pause if it fails)."""
+        try:
+            job = self.client.request(_Calls.get_job(self.job_id, "completed", for_s))
+        except LightpathError:
+            # unreachable or refused: the renewals report it; the next long-poll retries
+            self.stop.wait(min(for_s, WATCH_RETRY_S))
+            return
+        if job.ended and not self.stop.is_set():
+            self.ended = job
 
 
 def _terminate(procs: Sequence[subprocess.Popen[bytes]], grace_s: float) -> None:

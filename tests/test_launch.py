@@ -468,6 +468,30 @@ def test_an_operator_cancel_stops_the_ranks(live: LiveServer, tmp_path: Path) ->
         assert c.cluster().free_servers == SMALL_SERVERS
 
 
+def test_an_operator_cancel_reaches_the_ranks_long_before_the_next_renewal(
+    live: LiveServer, tmp_path: Path
+) -> None:
+    """At the default 60 s lease the launcher renews every 20 s; a cancel reached the
+    ranks only then. The heartbeat thread long-polls the job's end between renewals."""
+    argv = launch_argv(live, "op-2", tmp_path, "wait")
+    argv[argv.index("--lease-s") + 1] = "60"
+    proc = subprocess.Popen(argv, cwd=tmp_path, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while len(list(tmp_path.glob("rank-*.json"))) < 4:
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
+    time.sleep(0.5)  # the heartbeat thread is in its long-poll
+    with Client(live.url) as c:
+        cancelled_at = time.monotonic()
+        assert c.cancel_job("op-2").state == "cancelled"
+    _, stderr = proc.communicate(timeout=60)
+    stopped_s = time.monotonic() - cancelled_at
+    assert proc.returncode == 1, stderr
+    assert "op-2 was ended by the server: cancelled" in stderr
+    assert len(list(tmp_path.glob("term-*"))) == 4
+    assert stopped_s < 8, stopped_s  # renewals are 20 s apart; --grace-s is 3
+
+
 def test_a_signal_while_queued_cancels_the_queued_job(live: LiveServer, tmp_path: Path) -> None:
     with Client(live.url) as c:
         assert c.submit_job("blocker", dp=16, pp=2).state == "placed"

@@ -50,6 +50,8 @@ JobIdPath = Annotated[
     ),
 ]
 _STATE_RANK = {"queued": 0, "placed": 1, "completed": 2, "failed": 2, "cancelled": 2}
+_ENDED = 2
+ENDED_MAX_POLL_S = 2.0
 _PROBLEMS = {"application/problem+json": {"schema": {"$ref": "#/components/schemas/Problem"}}}
 _ENDING_RESPONSES: dict[int | str, dict[str, Any]] = {
     403: {"description": "a launcher token that did not submit this job", "content": _PROBLEMS},
@@ -128,17 +130,26 @@ async def wait_for_job(
     *,
     known: JobRecord | None = None,
     watch: Watch | None = None,
+    max_poll_s: float = 0.5,
 ) -> JobRecord | None:
     """Re-read the job until `reached(record)` or the timeout; woken by worker notices.
 
     Subscribed before the first read (or by the caller, `watch`, before its own
     write), so a notice between a read and the wait is not lost. `known`: the
-    job as it stands now, saving the first read.
+    job as it stands now, saving the first read. Without a notice the job is
+    re-read after 0.05 s, then at doubling intervals up to `max_poll_s` (a
+    fallback for a lost notice: it bounds the answer's lateness then).
     """
     if watch is None:
         with services.waiters.watch(job_id) as watch:
             return await wait_for_job(
-                services, job_id, reached, timeout_s, known=known, watch=watch
+                services,
+                job_id,
+                reached,
+                timeout_s,
+                known=known,
+                watch=watch,
+                max_poll_s=max_poll_s,
             )
     deadline = time.monotonic() + timeout_s
     poll_s = 0.05  # a fallback: notices wake the waiter sooner
@@ -150,7 +161,7 @@ async def wait_for_job(
         if record is None or reached(record) or remaining <= 0 or services.waiters.closing:
             return record
         await watch.wait(min(remaining, poll_s))
-        poll_s = min(poll_s * 2, 0.5)
+        poll_s = min(poll_s * 2, max_poll_s)
         record = None
 
 
@@ -332,7 +343,12 @@ async def get_job(
             cache.put(job_id, view, generation)
             return Response(view, media_type="application/json")
     else:
-        record = await wait_for_job(services, job_id, _reached(wait_for), timeout_s)
+        # a launcher's heartbeat holds a long-poll for its job's end all the job's life
+        # (one per running job): those re-read the job less often without a notice
+        max_poll_s = 0.5 if _STATE_RANK[wait_for] < _ENDED else ENDED_MAX_POLL_S
+        record = await wait_for_job(
+            services, job_id, _reached(wait_for), timeout_s, max_poll_s=max_poll_s
+        )
         services.read_cache.invalidate([job_id])  # this read is newer than any cached view
     if record is None:
         raise Problem(404, "Not found", f"no job {job_id}", kind="unknown-job")
