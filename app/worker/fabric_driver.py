@@ -148,6 +148,7 @@ class FabricDriver:
         self._retained_at = float("-inf")
         # jobs that ended in this pass with phases still waiting, and their last cycle
         self.ended: list[tuple[str, JobCycle]] = []
+        self._servers = frozenset(cluster.server_ids)
 
     # --- memory ---------------------------------------------------------------
 
@@ -202,6 +203,10 @@ class FabricDriver:
             memory.unviewed.discard(gone)
         new_ids = [j for j in ids if j not in memory.placed]
         fresh = self.fabric.load_placed_jobs(new_ids) if new_ids else []
+        # a job on servers the cluster file no longer has is left out: the scheduler
+        # fails it (`Worker.retire_orphans`), and until then it must not fail the pass
+        servers = self._servers
+        fresh = [r for r in fresh if servers.issuperset(r.placement.servers)]
         for row in fresh:
             events.append(JobPlaced(row.job, row.placement, now))
             memory.placed[row.job.job_id] = row.placement.servers

@@ -36,6 +36,7 @@ from app.bus.errors import BusUnavailable
 from app.bus.messages import AdmitJob, CompleteJob, Delivery, JobsChanged, Message, ReportTraffic
 from app.bus.outage import OutageLog
 from app.engine.cluster import Cluster
+from app.engine.job import JobState
 from app.engine.job_lease import expired_leases
 from app.logs import log_pass_failure
 from app.settings import Settings
@@ -56,6 +57,8 @@ FABRIC_SETTLE_S = 0.01
 # the longest a fabric pass step waits for an admission under way (then goes on anyway)
 ADMISSION_FIRST_S = 0.05
 SWITCH_INTERVAL_S = 0.0001
+# end_reason of a placed job whose servers the cluster file no longer has
+CLUSTER_CHANGED = "cluster_changed"
 
 
 class CommandBus(Protocol):
@@ -96,6 +99,7 @@ class Worker:
         # against their leases (their heartbeats may have been refused meanwhile)
         self.leading_since = time.time()
         self._leases_granted = False  # `expire_leases` gives them lease_s from then, once
+        self._orphans_checked = False  # `retire_orphans`, once per leadership
         self.fabric = FabricLoop(
             driver,
             metrics,
@@ -123,19 +127,46 @@ class Worker:
     def replan(self) -> threading.Event:
         return self.fabric.replan
 
+    def retire_orphans(self) -> set[str]:
+        """Fail placed jobs holding servers the cluster no longer has, once per leadership.
+
+        A restart on a cluster file without some pods (decommissioned) left their jobs
+        placed: every fabric pass then failed on servers it could not find, and no
+        later job got circuits or a collective. They end `failed` with reason
+        `cluster_changed: ...`, freeing what they held that still exists."""
+        if self._orphans_checked:
+            return set()
+        self._orphans_checked = True
+        failed: set[str] = set()
+        for job_id, servers in self.store.jobs_beyond(self.cluster.server_ids).items():
+            reason = (
+                f"{CLUSTER_CHANGED}: {len(servers)} of its servers are not in the cluster "
+                f"({', '.join(servers[:3])}{', ...' if len(servers) > 3 else ''})"
+            )
+            record = self.store.end_job(
+                job_id, JobState.FAILED, from_states=(JobState.PLACED,), reason=reason
+            )
+            if record is not None and record.end_reason == reason:
+                log.error("placed job failed: " + reason, extra={"job_id": job_id})
+                failed.add(job_id)
+        return failed
+
     def expire_leases(self) -> set[str]:
         """Fail placed jobs whose heartbeat lease ran out (freeing their servers).
 
         First, once per leadership, every lease gets its full `lease_s` from when this
         worker began leading, written as a heartbeat so the job view's
         `lease_expires_at` says so too (it kept the old, already past, time)."""
+        orphans = self.retire_orphans()
+        if orphans:
+            self.bus.announce(JobsChanged(tuple(sorted(orphans))))
         if not self._leases_granted:
             since = dt.datetime.fromtimestamp(self.leading_since, dt.UTC)
             granted = self.store.grant_leases(since)
             self._leases_granted = True
             if granted:
                 self.bus.announce(JobsChanged(tuple(sorted(granted))))
-        expired: set[str] = set()
+        expired: set[str] = set(orphans)
         if self.placed.warm and not self.placed.any_leased():
             return expired  # no placed job holds a lease: nothing to read
         for lease in expired_leases(self.store.leased_jobs(), time.time(), self.leading_since):

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 from sqlalchemy.exc import OperationalError
 
@@ -45,6 +48,48 @@ def test_placed_and_queued_jobs_survive_a_restart(settings: Settings) -> None:
             assert [d["seq"] for d in log] == list(range(1, len(log) + 1))
             placements = [d["job_id"] for d in log if d["kind"] == "placement"]
             assert placements == ["p", "q"]
+    finally:
+        second.stop()
+
+
+def test_a_restart_on_a_cluster_without_a_jobs_pod_fails_it_and_serves_the_rest(
+    settings: Settings, tmp_path: Path
+) -> None:
+    """A contract sweep restarted `serve` on a cluster file without two pods (retired):
+    the job placed there stayed placed, every fabric pass failed on its servers, and
+    every later job stayed without a collective or a network, while /readyz said
+    ready. That job now fails `cluster_changed`; the others are served."""
+    first = LiveServer(settings)
+    first.start()
+    try:
+        with first.client() as c:
+            wide = c.post("/v1/jobs", json={"job_id": "wide", "parallelism": {"dp": 16, "pp": 2}})
+            assert wide.json()["state"] == "placed"
+            cluster = c.get("/v1/cluster").json()
+    finally:
+        first.stop()
+    cluster["pods"] = [p for p in cluster["pods"] if p["id"] != "pod-3"]
+    for oxc in cluster["oxcs"]:
+        del oxc["pod_ports"]["pod-3"]
+    path = tmp_path / "without-pod-3.json"
+    path.write_text(json.dumps(cluster))
+
+    second = LiveServer(settings.model_copy(update={"cluster": str(path)}))
+    second.start()
+    try:
+        with second.client() as c:
+            ended = c.get("/v1/jobs/wide", params={"wait_for": "failed", "timeout_s": 10}).json()
+            assert ended["state"] == "failed"
+            assert ended["end_reason"].startswith("cluster_changed: 8 of its servers"), ended
+            assert "pod-3/tor-0/srv-0" in ended["end_reason"]
+            # a job across pods afterwards gets its plan and circuits
+            c.post("/v1/jobs", json={"job_id": "next", "parallelism": {"dp": 6, "pp": 2}})
+            job = c.get("/v1/jobs/next", params={"wait_for": "placed", "timeout_s": 10}).json()
+            assert job["state"] == "placed" and job["collective"] is not None, job
+            assert job["network"]["mode"] == "isolated", job["network"]
+            assert c.get("/v1/cluster").json()["summary"]["free_servers"] == 24 - 12
+            log = c.get("/v1/decisions", params={"limit": 1000}).json()["decisions"]
+            assert [d["seq"] for d in log] == list(range(1, len(log) + 1))
     finally:
         second.stop()
 

@@ -21,7 +21,7 @@ from sqlalchemy import Engine, event, select
 
 from app.bus import InProcessBus
 from app.bus.messages import AdmitJob
-from app.engine.cluster import preset
+from app.engine.cluster import build_cluster, preset
 from app.engine.controller import ControllerConfig
 from app.engine.cross_connects import CrossConnect
 from app.engine.queue import QueuePolicy
@@ -392,3 +392,43 @@ def test_a_queued_job_the_engine_raises_on_is_failed_and_the_queue_goes_on(
         schedule(store, SMALL, QueuePolicy.FIFO, backfill=True, reason="arrival")
     later = store.get_job("later")
     assert later is not None and later.state == "queued"
+
+
+def test_a_fabric_pass_leaves_out_a_job_on_servers_the_cluster_lost(store: Store) -> None:
+    """Restarted on a cluster file without pod-3, a split deployment's fabric process
+    may run before the scheduler fails the job placed there (`retire_orphans`): its
+    pass failed on the unknown servers, and kept failing, rather than plan the rest."""
+    _submit(store, "everywhere", 32)  # every server of `small`, pod-3's too
+    _submit(store, "later", 8)
+    schedule(store, SMALL, QueuePolicy.FIFO, backfill=True, reason="arrival")
+    shrunk = build_cluster(
+        "small-without-pod-3",
+        pods=3,
+        tors_per_pod=2,
+        servers_per_tor=4,
+        uplink_ports_per_pod=16,
+        oxcs=2,
+        oxc_ports=64,
+    )
+    fabric = FabricDriver(
+        FabricRepository(store),
+        TrafficRepository(store),
+        shrunk,
+        ControllerConfig(25.0),
+        WorkerMetrics(),
+    )
+    fabric.sync("reconcile")  # no KeyError on pod-3's servers
+    assert fabric.state is not None and fabric.state.jobs == ()
+    assert store.jobs_beyond(shrunk.server_ids) == {
+        "everywhere": sorted(s for s in SMALL.server_ids if s.startswith("pod-3/"))
+    }
+    # the scheduler fails it; the job behind it is placed and planned
+    worker = Worker(
+        store, InProcessBus(), shrunk, Settings(), driver=fabric, metrics=WorkerMetrics()
+    )
+    assert worker.retire_orphans() == {"everywhere"}
+    assert worker.retire_orphans() == set()  # once per leadership
+    worker.admit("completion", set())
+    fabric.sync("completion")
+    state = fabric.state
+    assert state is not None and [pj.job.job_id for pj in state.jobs] == ["later"]
