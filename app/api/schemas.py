@@ -140,12 +140,24 @@ class JobListOut(BaseModel):
     )
 
 
+class HandoverOut(BaseModel):
+    ports: tuple[int, int] = Field(description="the port pair, joined before and after")
+    from_job: str = Field(description="the job whose circuit it was")
+
+
 class OxcChangeOut(BaseModel):
-    """Port pairs one OXC connects and disconnects."""
+    """Port pairs one OXC connects and disconnects, and circuits it keeps that pass to
+    this entry's job."""
 
     id: str = Field(description="the OXC")
     connect: list[tuple[int, int]] = Field(description="port pairs to join")
     disconnect: list[tuple[int, int]] = Field(description="port pairs to release")
+    handover: list[HandoverOut] | None = Field(
+        default=None,
+        description="present only when some: cross-connects that stay joined (nothing "
+        "changes on the switch) and become this entry's job's, taken over from "
+        "`from_job` (a job ended and the next one kept its circuit)",
+    )
 
 
 class RouteOut(BaseModel):
@@ -459,7 +471,12 @@ class TopologyOut(BaseModel):
     oxcs: list[ConfirmedOxcOut]
     stale: bool = Field(description="some OXC could not be read: see each OXC's `stale`")
     failed_ports: dict[str, list[int]] = Field(description="per OXC, ports without light")
-    mlu: float | None = Field(None, description="max link utilisation of the last plan")
+    mlu: float | None = Field(
+        None,
+        description="max link utilisation of the last plan; null before the first plan "
+        "and while some job's traffic has no circuit to run on (a pod cut off by failed "
+        "ports)",
+    )
     time_division: list[Any] = Field(
         default_factory=list, description="jobs taking turns on shared ports, in turn order"
     )

@@ -447,6 +447,10 @@ def restore(
                 else:
                     only = next(iter(owners)) if len(owners) == 1 else None
                     out.append(replace(d, job_id=only, reason="reconcile", oxc=net))
+            elif o.handover:  # circuits that stay, now another job's: whose they are
+                out.append(
+                    replace(d, reason="reconcile", oxc=replace(o, connect=(), disconnect=()))
+                )
         elif d.routing is not None and d.job_id in restored:
             if i in kept_headers:
                 out.append(replace(d, reason=reason))
@@ -702,16 +706,36 @@ def _only_spare_changed(was: JobAllocation | None, now: JobAllocation, unused: b
 
 
 def _spare_unused(state: ControllerState, job_id: str) -> bool:
-    """Does the job hold only its home topology's circuits (no per-phase topology on
-    spare ports, no change waiting for its compute gap)?"""
+    """Does the job hold only its allocation's circuits (no per-phase topology on spare
+    ports, no change waiting for its compute gap)?
+
+    Its cross-connects are counted per OXC and pod against its allocation's circuits:
+    a held topology re-mapped after a per-phase one (`_rewire`) may sit on spare ports
+    of another OXC than the allocation's (a test of the plan alone let an arrival be
+    given ports such a job still joined: the arrival got no circuit)."""
     cycle = state.cycles.get(job_id)
-    return (
+    if not (
         cycle is not None
         and cycle.target == HELD_PLAN
         and cycle.home == HELD_PLAN
         and job_id not in state.deferred
         and not any(cc.job_id == job_id for cc in state.pending)
+    ):
+        return False
+    ja = state.allocation.job(job_id)
+    if ja is None:
+        return False
+    room: Counter[tuple[str, str]] = Counter()
+    for o, a, b, n in ja.circuits:
+        room[(o, a)] += n
+        room[(o, b)] += n
+    where = port_pods(state.cluster)
+    used = Counter(
+        (cc.oxc_id, where.get((cc.oxc_id, p), ""))
+        for cc in cross_connects_by_job(state.desired).get(job_id, ())
+        for p in (cc.port_a, cc.port_b)
     )
+    return not used - room
 
 
 def _grown_slice(slc: JobSlice, ja: JobAllocation) -> JobSlice:
@@ -828,19 +852,18 @@ def _apply_deferred(
     if not going:
         return state, ()
     still = {j: t for j, t in state.deferred.items() if j not in going}
-    mine = [cc for cc in state.pending if cc.job_id in going]
     stay = [cc for cc in state.desired if cc.job_id not in going]
     busy = {(cc.oxc_id, p) for cc in stay if cc.job_id in still for p in (cc.port_a, cc.port_b)}
     freed: list[CrossConnect] = []
     waiting: list[CrossConnect] = []
     for cc in state.pending:
-        if cc.job_id in going:
-            continue
+        # the going jobs' own changes too: one that needs a port a job still waiting for
+        # its gap holds waits with it (installed now, it joined that port twice)
         if cc.job_id in still or (cc.oxc_id, cc.port_a) in busy or (cc.oxc_id, cc.port_b) in busy:
             waiting.append(cc)
         else:
             freed.append(cc)
-    desired = tuple(sorted(stay + mine + freed, key=lambda c: c.key))
+    desired = tuple(sorted(stay + freed, key=lambda c: c.key))
     changes = changed_cross_connects(state.desired, desired)
     decisions = tuple(oxc_decisions(*changes, reason))
     changed = _jobs_changed(state.desired, desired, changes)
@@ -1232,7 +1255,20 @@ def _rewire(
     mine = tuple(cc for cc in state.desired if cc.job_id == jf.job_id)
     others = tuple(cc for cc in state.desired if cc.job_id != jf.job_id)
     occupied = {(cc.oxc_id, p) for cc in others + state.pending for p in (cc.port_a, cc.port_b)}
-    mapping = map_cross_connects(cluster, {jf.job_id: circuits}, mine, occupied)
+    # within the ports its allocation gives it on each switch, less those its own changes
+    # waiting for another job's gap will take: a port free now may be another job's, not
+    # connected yet (it took an arrival's ports: the arrival got none)
+    ja = state.allocation.job(jf.job_id)
+    allowed = None
+    if ja is not None:
+        where = port_pods(cluster)
+        allowed = Counter({(o, p): n for o, p, n in ja.oxc_ports}) - Counter(
+            (cc.oxc_id, where.get((cc.oxc_id, p), ""))
+            for cc in state.pending
+            if cc.job_id == jf.job_id
+            for p in (cc.port_a, cc.port_b)
+        )
+    mapping = map_cross_connects(cluster, {jf.job_id: circuits}, mine, occupied, allowed)
     desired = tuple(sorted(others + mapping.cross_connects, key=lambda cc: cc.key))
     changes = diff_cross_connects(mine, mapping.cross_connects)
     if not changes:
@@ -1353,7 +1389,15 @@ def _rotate_to(
     waiting = tuple(cc for cc in state.pending if cc.job_id not in pair)
     occupied = {(cc.oxc_id, p) for cc in others + waiting for p in (cc.port_a, cc.port_b)}
     old = tuple(cc for cc in state.desired if cc.job_id in pair)
-    mapping = map_cross_connects(state.cluster, {head.job_id: head.plan.circuits}, old, occupied)
+    # within the shared pool's ports on each switch (a free port beyond it may be an
+    # isolated job's, not connected yet)
+    pool: Counter[tuple[str, str]] = Counter()
+    for o, a, b, n in state.allocation.pool:
+        pool[(o, a)] += n
+        pool[(o, b)] += n
+    mapping = map_cross_connects(
+        state.cluster, {head.job_id: head.plan.circuits}, old, occupied, pool
+    )
     desired = tuple(sorted(others + mapping.cross_connects, key=lambda cc: cc.key))
     decisions = oxc_decisions(*changed_cross_connects(old, mapping.cross_connects), "phase")
     # a change still waiting for either job's compute gap was planned before this turn:

@@ -12,7 +12,7 @@ pods have the most free ports (balancing keeps later circuits placeable).
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from operator import attrgetter, is_
@@ -48,19 +48,29 @@ class CrossConnect:
 
 @dataclass(frozen=True, slots=True)
 class OxcChange:
-    """Port pairs one OXC must connect and disconnect."""
+    """Port pairs one OXC must connect and disconnect, and those it keeps joined that
+    pass to this change's job from another (`handover`: (port_a, port_b, from_job))."""
 
     oxc_id: str
     connect: tuple[tuple[int, int], ...]
     disconnect: tuple[tuple[int, int], ...]
+    handover: tuple[tuple[int, int, str], ...] = ()
+
+    @property
+    def moves(self) -> bool:
+        """Does the switch change (a handover alone changes only whose a circuit is)?"""
+        return bool(self.connect or self.disconnect)
 
     def to_dict(self) -> dict[str, object]:
-        """The `oxc` object of a GET /v1/decisions entry."""
-        return {
+        """The `oxc` object of a GET /v1/decisions entry (`handover` only when some)."""
+        out: dict[str, object] = {
             "id": self.oxc_id,
             "connect": [list(p) for p in self.connect],
             "disconnect": [list(p) for p in self.disconnect],
         }
+        if self.handover:
+            out["handover"] = [{"ports": [a, b], "from_job": job} for a, b, job in self.handover]
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +123,7 @@ def map_cross_connects(
     wanted: Mapping[str, PodCircuits],
     current: Iterable[CrossConnect],
     occupied: Iterable[tuple[str, int]] = (),
+    budget: Mapping[tuple[str, str], int] | None = None,
 ) -> CrossConnectMapping:
     """Cross-connects realising each job's wanted circuits, keeping current ones that fit.
 
@@ -120,6 +131,9 @@ def map_cross_connects(
     for their pod pair, are dropped. Circuits no OXC has free ports for are
     reported in `unmapped`, never placed on a used port. `occupied` ports (held by
     jobs left out of `wanted`, whose cross-connects stay as they are) are never used.
+    `budget` ((oxc, pod) -> ports), for one job in `wanted`: the ports its allocation
+    gives it on each switch and pod, which its cross-connects, kept or new, stay within
+    (a free port beyond it may be another job's, not connected yet).
     """
     where = port_pods(cluster)
     need: dict[str, dict[tuple[str, str], int]] = {
@@ -127,6 +141,7 @@ def map_cross_connects(
     }
     kept: list[CrossConnect] = []
     used: set[tuple[str, int]] = set(occupied)
+    held: Counter[tuple[str, str]] = Counter()  # ports kept per (oxc, pod)
     for cc in current:  # in order (a repeated one finds its ports used: kept once)
         wants = need.get(cc.job_id)
         if wants is None:
@@ -135,12 +150,19 @@ def map_cross_connects(
         a, b = where.get(port_a), where.get(port_b)
         if a is None or b is None or a == b or port_a in used or port_b in used:
             continue
+        if budget is not None and not (
+            held[(cc.oxc_id, a)] < budget.get((cc.oxc_id, a), 0)
+            and held[(cc.oxc_id, b)] < budget.get((cc.oxc_id, b), 0)
+        ):
+            continue  # beyond what its allocation gives it on this switch
         pair = (a, b) if (a, b) in wants else (b, a)
         if wants.get(pair, 0) > 0:
             wants[pair] -= 1
             kept.append(cc)
             used.add(port_a)
             used.add(port_b)
+            held[(cc.oxc_id, a)] += 1
+            held[(cc.oxc_id, b)] += 1
     free: dict[tuple[str, str], list[int]] = defaultdict(list)
     short = {pod for job in need.values() for pair, n in job.items() if n > 0 for pod in pair}
     for o in cluster.oxcs:
@@ -149,6 +171,11 @@ def map_cross_connects(
                 continue
             # descending, so pop() hands out the lowest free port
             free[(o.id, pod)] = sorted((p for p in ports if (o.id, p) not in used), reverse=True)
+            if budget is not None:
+                # the lowest free ports, as many as the job's allocation leaves it here
+                ports_free = free[(o.id, pod)]
+                room = max(0, budget.get((o.id, pod), 0) - held[(o.id, pod)])
+                free[(o.id, pod)] = ports_free[max(0, len(ports_free) - room) :]
     oxc_ids = [o.id for o in cluster.oxcs]
     spare = {k: list(v) for k, v in free.items()}  # before the greedy pass takes any
     added, unmapped = _map_greedy(oxc_ids, need, free)

@@ -850,26 +850,45 @@ def oxc_decisions(
     Where one switch's change is several jobs' (an arrival taking ports from a
     running job, a turn passing), every job's disconnects come first and then every
     job's connects, so a consumer replaying the log in order never connects a port
-    still joined (these were one decision with no `job_id`)."""
+    still joined (these were one decision with no `job_id`). A cross-connect that
+    stays joined but passes to another job (a job ended and the next one kept its
+    circuit) is a `handover` in the new owner's decision: nothing on the switch
+    changes, and a consumer tracking circuits per job still sees whose it is."""
     gone_owner = {cc.key: cc.job_id for cc in gone}
     new_owner = {cc.key: cc.job_id for cc in new}
+    physical = {change.oxc_id: change for change in diff_cross_connects(gone, new)}
+    took: dict[str, dict[str, list[tuple[int, int, str]]]] = defaultdict(lambda: defaultdict(list))
+    for key in sorted(gone_owner.keys() & new_owner.keys()):
+        if gone_owner[key] != new_owner[key]:
+            o, a, b = key
+            took[o][new_owner[key]].append((a, b, gone_owner[key]))
     out: list[Decision] = []
-    for change in diff_cross_connects(gone, new):
-        o = change.oxc_id
+    for o in sorted(physical.keys() | took.keys()):
+        change = physical.get(o, OxcChange(o, (), ()))
         lost: dict[str, list[tuple[int, int]]] = defaultdict(list)
         got: dict[str, list[tuple[int, int]]] = defaultdict(list)
         for a, b in change.disconnect:
             lost[gone_owner[(o, a, b)]].append((a, b))
         for a, b in change.connect:
             got[new_owner[(o, a, b)]].append((a, b))
-        jobs = set(lost) | set(got)
+        handed = took.get(o, {})
+        jobs = set(lost) | set(got) | set(handed)
         if len(jobs) == 1:
-            out.append(Decision("oxc", jobs.pop(), reason, oxc=change))
+            job_id = jobs.pop()
+            out.append(
+                Decision(
+                    "oxc",
+                    job_id,
+                    reason,
+                    oxc=replace(change, handover=tuple(handed.get(job_id, ()))),
+                )
+            )
             continue
         for job_id in sorted(lost):
             out.append(Decision("oxc", job_id, reason, oxc=OxcChange(o, (), tuple(lost[job_id]))))
-        for job_id in sorted(got):
-            out.append(Decision("oxc", job_id, reason, oxc=OxcChange(o, tuple(got[job_id]), ())))
+        for job_id in sorted(set(got) | set(handed)):
+            oxc = OxcChange(o, tuple(got.get(job_id, ())), (), tuple(handed.get(job_id, ())))
+            out.append(Decision("oxc", job_id, reason, oxc=oxc))
     return out
 
 

@@ -231,7 +231,7 @@ def walk_controller(
             if isinstance(event, PhaseObserved):
                 targets.append(s.cycles[job_id].target)
             s, decisions = step(s, event)
-            if any(d.kind == "oxc" for d in decisions):
+            if any(d.oxc is not None and d.oxc.moves for d in decisions):
                 confirm_at(event.at_s)
         after = s.cycles[job_id].accounting
         cost = IterationCost(

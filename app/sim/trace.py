@@ -68,7 +68,7 @@ def replay_trace(
             out.finished[event.job_id] = cycle.final_accounting
         state, decisions = step(state, event)
         out.decisions.extend((at, d) for d in decisions)
-        if any(d.kind == "oxc" for d in decisions):
+        if any(d.oxc is not None and d.oxc.moves for d in decisions):
             held = frozenset(cc.key for cc in state.desired)
             seq += 1
             heapq.heappush(queue, (at + latency, 0, seq, SwitchConfirmed(held, at + latency)))

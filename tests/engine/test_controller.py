@@ -442,6 +442,43 @@ def test_every_oxc_decision_names_its_job_and_replays_in_order() -> None:
     assert all(last[k] == owners[k] for k in final), (last, owners)
 
 
+def _owners(decisions: Sequence[Decision]) -> dict[tuple[str, int, int], str | None]:
+    """Cross-connect -> its job, as a consumer of the log tracks them."""
+    owners: dict[tuple[str, int, int], str | None] = {}
+    for d in decisions:
+        if d.oxc is None:
+            continue
+        o = d.oxc.oxc_id
+        for a, b in d.oxc.disconnect:
+            del owners[(o, a, b)]
+        for a, b in d.oxc.connect:
+            owners[(o, a, b)] = d.job_id
+        for a, b, previous in d.oxc.handover:
+            assert owners[(o, a, b)] == previous, (d, owners)
+            owners[(o, a, b)] = d.job_id
+    return owners
+
+
+def test_a_circuit_that_passes_to_another_job_is_logged_as_a_handover() -> None:
+    """A contract sweep replayed the oxc entries per job: a cross-connect joined under
+    one job was later disconnected under another, with no entry between (a job ended
+    and the next kept its circuit: nothing changed on the switch, so nothing was
+    logged). The new owner's entry now lists it under `handover`."""
+    a, b = spread_job("a", [0, 1], 0, dp=4), spread_job("b", [0, 1], 2, dp=4)
+    state = new_controller(SMALL, CONFIG)
+    log: list[Decision] = []
+    for event in (placed(a), placed(b, 0.1), JobCompleted("a", 1.0), JobCompleted("b", 2.0)):
+        state, decided = step(state, event)
+        log += decided
+        assert _owners(log) == {cc.key: cc.job_id for cc in state.desired}
+        if event == JobCompleted("a", 1.0):
+            handed = [h for d in decided if d.oxc is not None for h in d.oxc.handover]
+            assert handed and {job for _, _, job in handed} == {"a"}
+            assert all(not d.oxc.moves for d in decided if d.oxc is not None and d.oxc.handover)
+    payload = next(d for d in log if d.oxc is not None and d.oxc.handover).to_dict()
+    assert payload["oxc"]["handover"][0]["from_job"] == "a"  # type: ignore[index]
+
+
 def test_a_new_leader_reconciles_with_the_stored_plan_and_logs_the_net_change() -> None:
     """A restart stepped the placed jobs in one by one: the log tore down the circuits of
     jobs not stepped in yet and built them again, as arrivals. `restore` logs the net
