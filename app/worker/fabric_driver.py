@@ -23,9 +23,10 @@ from __future__ import annotations
 
 import gc
 import logging
+import math
 import queue
 import time
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -149,6 +150,9 @@ class FabricDriver:
         # jobs that ended in this pass with phases still waiting, and their last cycle
         self.ended: list[tuple[str, JobCycle]] = []
         self._servers = frozenset(cluster.server_ids)
+        # phases scored by steps whose pass has not committed yet: counted in the
+        # metrics once it has (a pass that fails is replayed, and scored again)
+        self._scores: list[tuple[Accounting, Accounting]] = []
 
     # --- memory ---------------------------------------------------------------
 
@@ -156,6 +160,7 @@ class FabricDriver:
         """Forget the memory; the next pass starts from the durable state."""
         self.memory = None
         self.committed = None
+        self._scores.clear()  # not committed: the next pass scores those phases again
 
     def confirmed(self, held: Iterable[tuple[str, int, int]], at_s: float | None = None) -> None:
         """Called by the switch controller (any thread) with what the switches hold."""
@@ -242,10 +247,13 @@ class FabricDriver:
             gc.freeze()
         changed_views = self._views()
         if not decisions and not changed_views and not force:
+            self._committed(())
             return FabricPassResult(False, (), ())
         state = memory.state
         facts = {
-            "mlu": state.fabric.mlu if state.fabric else 0.0,
+            # null while some job's traffic has no circuit to run on (a pod cut off by
+            # failed ports): JSON has no infinity, and GET /v1/topology answered 500
+            "mlu": _finite_or_none(state.fabric.mlu) if state.fabric else 0.0,
             "pod_circuits": realised_circuits(state.cluster, state.desired).to_dict(),
             "time_division": list(state.turn_order),
             "unmapped": [list(u) for u in state.fabric.unmapped] if state.fabric else [],
@@ -272,6 +280,7 @@ class FabricDriver:
                     "cross_connects": len(state.desired),
                 },
             )
+        self._committed(seqs)
         return FabricPassResult(True, tuple(seqs), tuple(sorted(changed_views)))
 
     def _drain(self) -> list[Event]:
@@ -337,12 +346,22 @@ class FabricDriver:
         return scored
 
     def _count(self, before: Accounting, after: Accounting) -> None:
-        if after == before:
-            return
-        self.metrics.prediction_hits.inc(after.hits - before.hits)
-        self.metrics.prediction_misses.inc(after.misses - before.misses)
-        self.metrics.prediction_held.inc(after.held - before.held)
-        self.metrics.exposed_reconfig.inc(after.exposed_s - before.exposed_s)
+        if after != before:
+            self._scores.append((before, after))
+
+    def _committed(self, seqs: Sequence[int]) -> None:
+        """Into the metrics once a pass has committed: its decisions, the fabric's MLU
+        and the phases it scored (a pass that fails is replayed: counted then)."""
+        self.metrics.decisions.labels("fabric").inc(len(seqs))
+        state = self.state
+        if state is not None and state.fabric is not None:
+            self.metrics.mlu.set(state.fabric.mlu)
+        for before, after in self._scores:
+            self.metrics.prediction_hits.inc(after.hits - before.hits)
+            self.metrics.prediction_misses.inc(after.misses - before.misses)
+            self.metrics.prediction_held.inc(after.held - before.held)
+            self.metrics.exposed_reconfig.inc(after.exposed_s - before.exposed_s)
+        self._scores.clear()
 
     def _views(self) -> dict[str, dict[str, Any]]:
         """Stored `collective` (with `network`) of jobs whose view changed.
@@ -475,6 +494,7 @@ class FabricDriver:
         )
         if dead:
             self.metrics.dead_letters.inc(len(dead))
+        self._committed(seqs)
         if decisions:
             # no seqs: a duplicate pass wrote nothing, so what the table holds is unknown
             memory.written = state.desired if seqs else None
@@ -519,6 +539,10 @@ def _plus(a: Accounting, b: Accounting) -> Accounting:
         a.exposed_s + b.exposed_s,
         a.reconfigurations + b.reconfigurations,
     )
+
+
+def _finite_or_none(x: float) -> float | None:
+    return x if math.isfinite(x) else None
 
 
 def _groups(report: ReportRow, by_server: dict[str, str]) -> dict[str, tuple[Demand, ...]]:

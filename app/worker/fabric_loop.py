@@ -98,10 +98,6 @@ class FabricLoop:
         fabric = self.driver.sync(reason, force=forced)
         if fabric.planned:
             self.metrics.fabric_seconds.observe(time.perf_counter() - start)
-            self.metrics.decisions.labels("fabric").inc(len(fabric.decision_seqs))
-            state = self.driver.state
-            if state is not None and state.fabric is not None:
-                self.metrics.mlu.set(state.fabric.mlu)
             changed.update(fabric.changed_jobs)
             if fabric.decision_seqs:
                 self.on_fabric_change()

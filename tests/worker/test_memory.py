@@ -8,10 +8,12 @@
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -432,3 +434,23 @@ def test_a_fabric_pass_leaves_out_a_job_on_servers_the_cluster_lost(store: Store
     fabric.sync("completion")
     state = fabric.state
     assert state is not None and [pj.job.job_id for pj in state.jobs] == ["later"]
+
+
+def test_an_unbounded_mlu_is_stored_as_null(store: Store) -> None:
+    """PostgreSQL refused the fabric facts with an infinite MLU (`Token "Infinity" is
+    invalid`), failing the pass; SQLite stored it and GET /v1/topology answered 500."""
+    _submit(store, "wide", 12)
+    schedule(store, SMALL, QueuePolicy.FIFO, backfill=True, reason="arrival")
+    fabric = FabricDriver(
+        FabricRepository(store),
+        TrafficRepository(store),
+        SMALL,
+        ControllerConfig(25.0),
+        WorkerMetrics(),
+    )
+    fabric.sync("arrival")
+    assert fabric.memory is not None and fabric.memory.state.fabric is not None
+    state = fabric.memory.state
+    fabric.memory.state = replace(state, fabric=replace(state.fabric, mlu=math.inf))
+    fabric.sync("reconcile", force=True)
+    assert FabricRepository(store).fact("fabric")["mlu"] is None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
@@ -137,7 +138,9 @@ def topology_view(services: Services) -> dict[str, Any]:
         "failed_ports": {o: sorted(c.failed_ports) for o, c in confirmed.items() if c.failed_ports},
     }
     facts = repo.fact("fabric") or {}
-    body["mlu"] = facts.get("mlu")
+    mlu = facts.get("mlu")
+    # a fact stored before infinity was kept out of it (JSON has none)
+    body["mlu"] = mlu if isinstance(mlu, int | float) and math.isfinite(mlu) else None
     body["time_division"] = facts.get("time_division", [])
     if {cc.key for cc in desired} != {cc.key for cc in confirmed_ccs}:
         desired_pairs: dict[str, list[tuple[int, int, str | None]]] = {
