@@ -103,6 +103,9 @@ def relaxed_commit(conn: Any) -> None:
         conn.exec_driver_sql("SET LOCAL synchronous_commit = off")
 
 
+SQLITE_BUSY_TIMEOUT_MS = 10_000
+
+
 def _configure_sqlite(engine: Engine, *, immediate: bool) -> None:
     """WAL, foreign keys, a long busy timeout, and explicit BEGIN statements."""
 
@@ -113,7 +116,10 @@ def _configure_sqlite(engine: Engine, *, immediate: bool) -> None:
         cur.execute("PRAGMA journal_mode=WAL")
         cur.execute("PRAGMA synchronous=NORMAL")
         cur.execute("PRAGMA foreign_keys=ON")
-        cur.execute("PRAGMA busy_timeout=30000")
+        # a write waits this long for the lock, then is a 503 with Retry-After: well
+        # inside a client's usual 30 s timeout (at 30 s the client gave up first and
+        # never saw the 503)
+        cur.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
         cur.close()
 
     @event.listens_for(engine, "begin")

@@ -97,6 +97,13 @@ class IdempotencyConflict(StoreError):
     """An Idempotency-Key seen before with a different batch: nothing was stored."""
 
 
+class Replayed(tuple[int, int]):
+    """(count, last seq) of a batch stored before under the same `Idempotency-Key`: the
+    answer to a retry, for which nothing was stored."""
+
+    __slots__ = ()
+
+
 def batch_hash(reports: Sequence[dict[str, Any]]) -> str:
     return hashlib.sha256(json.dumps(list(reports), sort_keys=True).encode()).hexdigest()
 
@@ -168,7 +175,7 @@ class TrafficRepository:
         if row is None:
             return None
         _check_same(key, row.body_hash, digest)
-        return (int(row.accepted), int(row.last_seq))
+        return Replayed((int(row.accepted), int(row.last_seq)))
 
     def _write_group(self, group: list[_Pending]) -> list[tuple[int, int] | Exception]:
         """One transaction for every batch of `group`; (count, last seq) per batch."""
@@ -220,7 +227,8 @@ class TrafficRepository:
                 accepted, last_seq, digest = seen[p.key]
                 try:
                     _check_same(p.key, digest, p.digest)
-                    answers[i] = (accepted, last_seq)  # a retry: the first answer, nothing stored
+                    # a retry: the first answer, nothing stored
+                    answers[i] = Replayed((accepted, last_seq))
                 except IdempotencyConflict as exc:
                     answers[i] = exc
                 continue

@@ -1,18 +1,21 @@
-"""An exhausted connection pool: 503 with Retry-After, fast, while /healthz keeps answering."""
+"""An exhausted connection pool, a read-only or locked database: 503 with Retry-After, fast,
+while /healthz keeps answering."""
 
 from __future__ import annotations
 
+import sqlite3
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
 
 from app.settings import Settings
+from app.store import database
+from app.store.migrate import upgrade_to_head
 from tests.support import LiveServer
-
-pytestmark = pytest.mark.postgres
 
 
 @pytest.fixture
@@ -34,6 +37,7 @@ def small_pool(postgres_url: str) -> Iterator[LiveServer]:
     live.stop()
 
 
+@pytest.mark.postgres
 def test_an_exhausted_pool_answers_503_and_healthz_stays_up(small_pool: LiveServer) -> None:
     assert small_pool.runtime is not None
     engine = small_pool.runtime.services.store.write_engine
@@ -74,6 +78,7 @@ def test_an_exhausted_pool_answers_503_and_healthz_stays_up(small_pool: LiveServ
         assert c.get("/v1/jobs/nobody").status_code == 404
 
 
+@pytest.mark.postgres
 def test_a_read_only_database_answers_503_and_is_not_ready(postgres_url: str) -> None:
     """A fault sweep set the database read-only (as a failover to a standby leaves
     it): 167 submits and 114 ends answered 500 `internal` (psycopg's
@@ -109,4 +114,34 @@ def test_a_read_only_database_answers_503_and_is_not_ready(postgres_url: str) ->
             r = c.post("/v1/jobs", json={"job_id": "ro", "parallelism": {"dp": 2, "pp": 1}})
             assert r.status_code in (201, 202), r.text
     finally:
+        live.stop()
+
+
+def test_a_locked_sqlite_database_answers_503_before_the_client_gives_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A contract sweep held `BEGIN EXCLUSIVE` on the embedded database: writes answered
+    503 only after SQLite's 30 s busy timeout, when the client (30 s by default) had
+    already given up with a ReadTimeout. The wait is 10 s now (1 s here, to be quick)."""
+    from lightpath_client import Client
+
+    assert database.SQLITE_BUSY_TIMEOUT_MS < Client().timeout_s * 1000 / 2
+    monkeypatch.setattr(database, "SQLITE_BUSY_TIMEOUT_MS", 1000)
+    path = tmp_path / "lp.db"
+    settings = Settings(database_url=f"sqlite:///{path}", cluster="small", admit_wait_s=0.5)
+    upgrade_to_head(settings)
+    live = LiveServer(settings)
+    live.start()
+    lock = sqlite3.connect(path, isolation_level=None)
+    try:
+        lock.execute("BEGIN EXCLUSIVE")
+        with live.client(timeout=30) as c:
+            started = time.monotonic()
+            r = c.post("/v1/jobs", json={"job_id": "locked", "parallelism": {"dp": 1, "pp": 1}})
+            took = time.monotonic() - started
+        assert r.status_code == 503, r.text
+        assert r.headers["Retry-After"] and took < 10, took
+    finally:
+        lock.execute("ROLLBACK")
+        lock.close()
         live.stop()

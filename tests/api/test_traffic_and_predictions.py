@@ -271,3 +271,7 @@ def test_a_retried_batch_with_the_same_key_is_stored_once(server: LiveServer) ->
         assert first.json() == again.json() == {"accepted": 3, "last_seq": 3}
         other = c.post("/v1/traffic", json=batch, headers={"Idempotency-Key": "batch-2"})
         assert other.json()["last_seq"] == 6
+        # /metrics counts the retried batch once too (it counted 9 reports, 9 demands)
+        metrics = c.get("/metrics").text
+        assert "lightpath_traffic_reports_total 6.0" in metrics, metrics
+        assert "lightpath_traffic_demands_total 6.0" in metrics

@@ -11,7 +11,7 @@ from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
-from app.store.traffic_repository import IdempotencyConflict
+from app.store.traffic_repository import IdempotencyConflict, Replayed
 
 from ..bodies import read_json_body
 from ..deps import ServicesDep, require
@@ -139,11 +139,13 @@ async def report_traffic(
     # group commit: batches arriving together share one transaction and one wake-up
     stored = services.traffic.submit(reports, idempotency_key, services.wake_worker)
     try:
-        count, last = await asyncio.wrap_future(stored)
+        answer = await asyncio.wrap_future(stored)
     except IdempotencyConflict as exc:
         raise Problem(409, "Idempotency key reused", str(exc), kind="idempotency-conflict") from exc
-    metrics.traffic_reports.inc(count)
-    metrics.traffic_demands.inc(sum(len(r["demands"]) for r in reports))
+    count, last = answer
+    if not isinstance(answer, Replayed):  # a retry's reports were counted the first time
+        metrics.traffic_reports.inc(count)
+        metrics.traffic_demands.inc(sum(len(r["demands"]) for r in reports))
     return JSONResponse({"accepted": count, "last_seq": last}, status_code=202)
 
 
