@@ -179,7 +179,7 @@ def build_runtime(settings: Settings, cluster: Cluster, *, with_worker: bool = T
     store = build_store(settings)
     bus = build_bus(settings)
     services = _api_services(settings, cluster, store, bus)
-    relay = OutboxRelay(store, bus.publish)
+    relay = OutboxRelay(store, bus.publish, ping=bus.ping)
     services.kick_relay = relay.kick
     services.direct_sender = relay.direct_sender
     runtime = Runtime(services, relay)
@@ -281,7 +281,7 @@ def build_api_runtime(settings: Settings, cluster: Cluster) -> Runtime:
     bus = build_bus(settings)
     services = _api_services(settings, cluster, store, bus)
     # without Redis nobody listens: the worker's tick picks the recorded rows up
-    relay = OutboxRelay(store, bus.publish) if settings.redis_url else None
+    relay = OutboxRelay(store, bus.publish, ping=bus.ping) if settings.redis_url else None
     runtime = Runtime(services, relay)
     if relay is not None:
         services.kick_relay = relay.kick

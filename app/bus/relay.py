@@ -27,10 +27,17 @@ class OutboxRelay:
     """Drains the outbox after every kick and at least every `interval_s`."""
 
     def __init__(
-        self, store: Store, publish: Callable[[Message], None], interval_s: float = 1.0
+        self,
+        store: Store,
+        publish: Callable[[Message], None],
+        interval_s: float = 1.0,
+        ping: Callable[[], None] | None = None,
     ) -> None:
         self.store = store
         self.publish = publish
+        # asked after an outage when there was nothing to send: "reachable again" was
+        # logged (sent=0) while the bus was still down
+        self.ping = ping
         self.interval_s = interval_s
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -80,7 +87,10 @@ class OutboxRelay:
             self._wake.wait(self.interval_s)
             self._wake.clear()
             try:
-                outage.ok(sent=self.drain())
+                sent = self.drain()
+                if outage.down and not sent and self.ping is not None:
+                    self.ping()  # an empty outbox touched no bus: ask it
+                outage.ok(sent=sent)
                 self._drains += 1
                 if self._drains % 600 == 0:
                     self.store.prune_outbox(dt.timedelta(hours=1))

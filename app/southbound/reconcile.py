@@ -200,6 +200,7 @@ def reconcile(
     token: int | None = None,
     holds: Callable[[], bool] | None = None,
     unreadable: Callable[[str], None] | None = None,
+    known_down: Collection[str] = (),
 ) -> ReconcileResult:
     """One level-triggered pass: converge every OXC in `desired` to its cross-connects.
 
@@ -212,6 +213,8 @@ def reconcile(
     (see the module's "Fenced"). `unreadable(oxc_id)` is called, from the OXC's
     thread, the first time its read fails in this pass: a hung switch holds its
     thread for all the retries, and the caller need not wait for them to say so.
+    `known_down`: OXCs the caller already shows unreachable; giving up on one of them
+    again is logged at debug (a switch outage logged a warning every pass, ~4 a second).
     """
     policy = policy or RetryPolicy()
     rng = rng or random.Random()
@@ -234,6 +237,7 @@ def reconcile(
             {"oxc_id": oxc_id, "decision_seq": decision_seq, "pass_id": pass_id},
             _Fencing(token, holds),
             unreadable,
+            oxc_id in known_down,
         )
 
     if len(jobs) <= 1 or max_parallel_oxcs <= 1:
@@ -294,6 +298,7 @@ def _reconcile_oxc(
     log_fields: dict[str, object],
     fencing: _Fencing,
     unreadable: Callable[[str], None] | None = None,
+    known_down: bool = False,
 ) -> _OxcOutcome:
     outcome = _OxcOutcome(oxc_id)
     last_command: tuple[tuple[PortPair, ...], tuple[PortPair, ...]] | None = None
@@ -366,7 +371,11 @@ def _reconcile_oxc(
             outcome.failed_exchanges += 1
             if outcome.failed_exchanges >= policy.max_attempts:
                 outcome.error = error
-                log.warning("oxc reconcile gave up", extra={**log_fields, "code": exc.code})
+                log.log(
+                    logging.DEBUG if known_down else logging.WARNING,
+                    "oxc reconcile gave up",
+                    extra={**log_fields, "code": exc.code},
+                )
                 return outcome
             delay_s = policy.backoff_s(outcome.failed_exchanges, rng)
             log.debug("oxc retry", extra={**log_fields, "code": exc.code, "delay_s": delay_s})

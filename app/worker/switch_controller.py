@@ -115,6 +115,7 @@ class SwitchController:
                     token=token,
                     holds=holds,
                     unreadable=self._unreadable,
+                    known_down=self._unreachable or (),
                 )
                 if result.fenced:
                     return self._deposed(result)

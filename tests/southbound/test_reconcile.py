@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import random
 import time
 from collections.abc import Sequence
@@ -191,6 +192,22 @@ def test_gives_up_after_max_attempts_and_asks_to_be_requeued() -> None:
     assert result.requeue_after_s == 2.5
     assert [e.is_retryable for e in result.errors] == [True]
     assert len(slept) == 3 and result.failed_exchanges == 4
+
+
+def test_giving_up_on_a_switch_already_shown_down_is_not_a_warning_again(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A fault sweep's switch outage logged "oxc reconcile gave up" about 4 times a
+    second. The first pass that gives up warns; passes on a switch the caller already
+    shows unreachable log it at debug."""
+    driver = switch_driver(fault_rate=1.0)
+    policy = RetryPolicy(max_attempts=2, base_delay_s=0.0, max_delay_s=0.0)
+    desired = {"oxc-0": {(0, 1, "j")}}
+    with caplog.at_level(logging.DEBUG, logger="lightpath"):
+        reconcile(driver, desired, policy=policy, sleep=no_sleep)
+        reconcile(driver, desired, policy=policy, sleep=no_sleep, known_down={"oxc-0"})
+    levels = [r.levelno for r in caplog.records if r.getMessage() == "oxc reconcile gave up"]
+    assert levels == [logging.WARNING, logging.DEBUG]
 
 
 def test_terminal_errors_are_reported_not_retried() -> None:

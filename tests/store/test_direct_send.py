@@ -112,6 +112,48 @@ def test_the_relay_says_once_that_the_bus_is_down_and_once_that_it_is_back(
     assert all(r.exc_info is None for r in caplog.records if r.name == "lightpath.relay")
 
 
+def test_the_relay_says_the_bus_is_back_only_once_it_answers(
+    store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A fault sweep read "event bus reachable again; outbox relayed" (sent=0) while
+    Redis was still down: another process had sent what was waiting, and an empty
+    outbox touched no bus. With nothing to send after an outage the relay asks the bus."""
+    import time
+
+    from app.bus.errors import BusUnavailable
+
+    bus = InProcessBus()
+    down = True
+
+    def publish(message: Any) -> None:
+        if down:
+            raise BusUnavailable("publish: redis unavailable: connection refused")
+        bus.publish(message)
+
+    def ping() -> None:
+        if down:
+            raise BusUnavailable("ping: redis unavailable: connection refused")
+
+    relay = OutboxRelay(store, publish, interval_s=0.02, ping=ping)
+    _submit(store, "j4", None)
+    with caplog.at_level("DEBUG", logger="lightpath.relay"):
+        relay.start()
+        try:
+            time.sleep(1.2)  # a failed pass
+            store.relay_outbox(lambda payload: None)  # another replica sent it
+            time.sleep(2.5)  # passes with nothing to send, the bus still down
+            warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+            assert warned == ["event bus unavailable; events wait in the outbox"]
+            down = False
+            deadline = time.monotonic() + 5
+            while len(warned) < 2 and time.monotonic() < deadline:
+                time.sleep(0.05)
+                warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+        finally:
+            relay.stop()
+    assert warned[1:] == ["event bus reachable again; outbox relayed"]
+
+
 def test_a_dropped_connection_after_a_failed_send_still_answers_the_stored_job(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
