@@ -10,6 +10,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import OperationalError
 
 from app.bus import InProcessBus
+from app.bus.errors import BusUnavailable
 from app.bus.messages import AdmitJob
 from app.bus.relay import OutboxRelay
 from app.settings import Settings
@@ -53,24 +54,17 @@ def test_the_writer_sends_its_event_and_the_relay_does_not_send_it_again(store: 
 def test_a_failed_send_leaves_the_event_to_the_relay_and_pauses_direct_sends(
     store: Store,
 ) -> None:
-    bus = InProcessBus()
-    down = True
-
-    def publish(message: Any) -> None:
-        if down:
-            raise ConnectionError("bus down")
-        bus.publish(message)
-
-    relay = OutboxRelay(store, publish)
+    bus = _SwitchableBus()
+    relay = OutboxRelay(store, bus.publish)
     sender = relay.direct_sender()
     assert sender is not None
     _submit(store, "j2", sender)  # committed all the same
     assert store.get_job("j2") is not None
     assert _unpublished(store) == [{"type": "AdmitJob", "job_id": "j2"}]
     assert relay.direct_sender() is None  # the next writers go through the relay
-    down = False
+    bus.down = False
     assert relay.drain() == 1
-    assert [d.message for d in bus.consume(0.1)] == [AdmitJob("j2")]
+    assert [d.message for d in bus.inner.consume(0.1)] == [AdmitJob("j2")]
     assert _unpublished(store) == []
 
 
@@ -80,23 +74,14 @@ def test_the_relay_says_once_that_the_bus_is_down_and_once_that_it_is_back(
     """An outage used to log a traceback every second from the relay's thread."""
     import time
 
-    from app.bus.errors import BusUnavailable
-
-    bus = InProcessBus()
-    down = True
-
-    def publish(message: Any) -> None:
-        if down:
-            raise BusUnavailable("publish: redis unavailable: connection refused")
-        bus.publish(message)
-
-    relay = OutboxRelay(store, publish, interval_s=0.02)
+    bus = _SwitchableBus()
+    relay = OutboxRelay(store, bus.publish, interval_s=0.02)
     _submit(store, "j3", None)  # left to the relay
     with caplog.at_level("DEBUG", logger="lightpath.relay"):
         relay.start()
         try:
             time.sleep(2.5)  # two or three failed passes (each waits 1 s after failing)
-            down = False
+            bus.down = False
             deadline = time.monotonic() + 5
             while _unpublished(store) and time.monotonic() < deadline:
                 time.sleep(0.05)
@@ -120,21 +105,8 @@ def test_the_relay_says_the_bus_is_back_only_once_it_answers(
     outbox touched no bus. With nothing to send after an outage the relay asks the bus."""
     import time
 
-    from app.bus.errors import BusUnavailable
-
-    bus = InProcessBus()
-    down = True
-
-    def publish(message: Any) -> None:
-        if down:
-            raise BusUnavailable("publish: redis unavailable: connection refused")
-        bus.publish(message)
-
-    def ping() -> None:
-        if down:
-            raise BusUnavailable("ping: redis unavailable: connection refused")
-
-    relay = OutboxRelay(store, publish, interval_s=0.02, ping=ping)
+    bus = _SwitchableBus()
+    relay = OutboxRelay(store, bus.publish, interval_s=0.02, ping=bus.ping)
     _submit(store, "j4", None)
     with caplog.at_level("DEBUG", logger="lightpath.relay"):
         relay.start()
@@ -144,7 +116,7 @@ def test_the_relay_says_the_bus_is_back_only_once_it_answers(
             time.sleep(2.5)  # passes with nothing to send, the bus still down
             warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
             assert warned == ["event bus unavailable; events wait in the outbox"]
-            down = False
+            bus.down = False
             deadline = time.monotonic() + 5
             while len(warned) < 2 and time.monotonic() < deadline:
                 time.sleep(0.05)
@@ -172,3 +144,19 @@ def test_a_dropped_connection_after_a_failed_send_still_answers_the_stored_job(
     _submit(store, "j3", bus_down)
     job = store.get_job("j3")
     assert job is not None and job.state == "queued"
+
+
+class _SwitchableBus:
+    """An in-process bus that refuses every call while `down`."""
+
+    def __init__(self) -> None:
+        self.inner = InProcessBus()
+        self.down = True
+
+    def publish(self, message: Any) -> None:
+        self.ping()
+        self.inner.publish(message)
+
+    def ping(self) -> None:
+        if self.down:
+            raise BusUnavailable("redis unavailable: connection refused")
