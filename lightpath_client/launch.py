@@ -39,7 +39,8 @@ RUNNERS = ("local", "ssh", "print")
 # long, or the job's lease when longer: given up sooner, the launcher would exit 1 and
 # a job whose ranks succeeded would end `lease_expired`
 FINAL_RETRY_S = 120.0
-WATCH_RETRY_S = 1.0  # pause after a failed long-poll for the job's end
+WATCH_POLL_S = 30.0  # each long-poll for the job's end
+WATCH_RETRY_S = 1.0  # pause after a failed one
 
 
 def node_rank(unit: Unit, dp: int, ep: int) -> int:
@@ -227,10 +228,11 @@ class Progress:
 class Heartbeat(threading.Thread):
     """Renews the job's lease; notices when the server ended the job.
 
-    Between renewals it long-polls the job (`wait_for=completed`, which any ended
-    state answers), so an operator's cancel or a lease expiry reaches the ranks
-    within a round trip rather than at the next renewal (every lease / 3: 20 s at
-    the default lease). A renewal answered 409 (the job ended) says the same.
+    Beside the renewals a second thread long-polls the job (`wait_for=completed`,
+    which any ended state answers), so an operator's cancel or a lease expiry reaches
+    the ranks within a round trip rather than at the next renewal (every lease / 3:
+    20 s at the default lease); a poll that hangs or fails never holds a renewal
+    back. A renewal answered 409 (the job ended) says the same.
     """
 
     def __init__(self, client: Client, job_id: str, every_s: float) -> None:
@@ -242,34 +244,36 @@ class Heartbeat(threading.Thread):
         self.ended: Job | None = None
 
     def run(self) -> None:
-        beat_at = time.monotonic() + self.every_s
-        while not self.stop.is_set():
-            left = beat_at - time.monotonic()
-            if left > 0:
-                self._watch(left)
-                if self.ended is not None:
-                    return
-                continue
-            beat_at = time.monotonic() + self.every_s
+        threading.Thread(target=self._watch, name="lightpath-job-watch", daemon=True).start()
+        while not self.stop.wait(self.every_s):
             try:
                 self.client.heartbeat(self.job_id)
             except Conflict as exc:
                 job = exc.body.get("job")
-                self.ended = Job.from_dict(job) if isinstance(job, dict) else None
+                self._ended(Job.from_dict(job) if isinstance(job, dict) else None)
                 return
             except LightpathError as exc:
                 print(f"[lightpath] heartbeat failed: {exc}", file=sys.stderr)
 
-    def _watch(self, for_s: float) -> None:
-        """Hold a long-poll for the job's end for up to `for_s` (a pause if it fails)."""
-        try:
-            job = self.client.request(_Calls.get_job(self.job_id, "completed", for_s))
-        except LightpathError:
-            # unreachable or refused: the renewals report it; the next long-poll retries
-            self.stop.wait(min(for_s, WATCH_RETRY_S))
-            return
-        if job.ended and not self.stop.is_set():
+    def _watch(self) -> None:
+        """Long-poll the job's end until it comes or `stop` (a pause after a failure)."""
+        while not self.stop.is_set():
+            try:
+                job = self.client.request(
+                    _Calls.get_job(self.job_id, "completed", WATCH_POLL_S), retry_for_s=0.0
+                )
+            except LightpathError:
+                # unreachable or refused: the renewals report it; poll again shortly
+                self.stop.wait(WATCH_RETRY_S)
+                continue
+            if job.ended:
+                self._ended(job)
+                return
+
+    def _ended(self, job: Job | None) -> None:
+        if not self.stop.is_set():  # an end the launcher made itself is not news
             self.ended = job
+            self.stop.set()
 
 
 def _terminate(procs: Sequence[subprocess.Popen[bytes]], grace_s: float) -> None:

@@ -449,3 +449,35 @@ def test_operator_commands_say_what_is_wrong_without_a_traceback(tmp_path: Path)
         assert "ops:***@" in done.stderr
     finally:
         httpd.shutdown()
+
+
+def test_the_heartbeats_long_poll_never_holds_a_renewal_back() -> None:
+    """A review: the long-poll for the job's end ran between renewals and was retried on
+    503 with its whole timeout each time, so three 503s near the end of a poll moved the
+    renewal due at 1 s to 3.7 s, past a 3 s lease. Polls run beside the renewals now,
+    each failure a short pause, and a poll that hangs holds nothing back."""
+    from lightpath_client.launch import Heartbeat
+
+    started = time.monotonic()
+    renewals: list[float] = []
+    polls = [0]
+    job = {"job_id": "j", "state": "placed"}
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.method == "GET":
+            polls[0] += 1
+            if polls[0] <= 3:  # the database blips
+                return httpx.Response(503, headers={"Retry-After": "0"}, json={"title": "busy"})
+            time.sleep(5.0)  # then a poll that hangs
+            return httpx.Response(200, json=job)
+        renewals.append(time.monotonic() - started)
+        return httpx.Response(200, json=job)
+
+    client = Client("http://lightpath.test", transport=httpx.MockTransport(handler))
+    beat = Heartbeat(client, "j", 1.0)
+    beat.start()
+    time.sleep(3.4)
+    beat.stop.set()
+    assert len(renewals) >= 3, renewals
+    assert all(abs(at - (k + 1)) < 0.3 for k, at in enumerate(renewals[:3])), renewals
+    assert polls[0] == 4 and beat.ended is None  # 1 s pauses after each 503

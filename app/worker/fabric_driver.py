@@ -241,6 +241,9 @@ class FabricDriver:
         self.ended.clear()
         if rows:
             self.traffic.save_predictions(rows)
+            # committed: counted now (a failure below is replayed from these rows, and the
+            # confirmations that scored them are not drained again)
+            self._count_scores()
         if loading:
             # every placed job's plan is now in memory for the leader's lifetime: take
             # it out of the collector's generations so full collections stay short
@@ -356,6 +359,10 @@ class FabricDriver:
         state = self.state
         if state is not None and state.fabric is not None:
             self.metrics.mlu.set(state.fabric.mlu)
+        self._count_scores()
+
+    def _count_scores(self) -> None:
+        """The phases scored since the last count, whose rows are now stored."""
         for before, after in self._scores:
             self.metrics.prediction_hits.inc(after.hits - before.hits)
             self.metrics.prediction_misses.inc(after.misses - before.misses)

@@ -123,11 +123,13 @@ def run_worker(
     settle: bool = False,
     metrics: WorkerMetrics | None = None,
     fail_commit: int | None = None,
+    fail_record: int | None = None,
 ) -> tuple[list[tuple[Any, ...]], dict[str, tuple]]:
     """`settle`: after the last step, the switches confirm what is pending and the fabric
     pass runs once more, with no report after it. `fail_commit`: the traffic pass's
     commit of that number (1 = the first) fails once; the driver starts again from the
-    durable state, as the fabric loop does."""
+    durable state, as the fabric loop does. `fail_record`: the same for the fabric pass's
+    write of that number."""
     settings = Settings(database_url=f"sqlite:///{db}", cluster="small")
     upgrade_to_head(settings)
     store = build_store(settings)
@@ -145,6 +147,16 @@ def run_worker(
             return commit(*args, **kwargs)
 
         traffic.commit_predictions = flaky  # type: ignore[method-assign]
+    if fail_record is not None:
+        record, records = repo.record_fabric, [0]
+
+        def flaky_record(*args: Any, **kwargs: Any) -> list[int]:
+            records[0] += 1
+            if records[0] == fail_record:
+                raise RuntimeError("the database went away mid-pass")
+            return record(*args, **kwargs)
+
+        repo.record_fabric = flaky_record  # type: ignore[method-assign]
     switches = InProcessDriver.for_cluster(SMALL, reconfig_ms=0.0)
     controller = SwitchController(
         repo, switches, SMALL, WorkerMetrics(), on_confirmed=fabric.confirmed
@@ -170,8 +182,8 @@ def run_worker(
         else:
             report = {"job_id": s.job, "phase_started_at": s.at, "demands": list(s.demands)}
             traffic.ingest([report])
-        fabric.sync("reconcile")
         try:
+            fabric.sync("reconcile")
             fabric.consume()
         except RuntimeError:
             fabric.reset()
@@ -277,17 +289,21 @@ def _counted(metrics: WorkerMetrics) -> tuple[float, float, float, float]:
     )
 
 
-@pytest.mark.parametrize("fail_commit", [None, 4])
+@pytest.mark.parametrize(("fail_commit", "fail_record"), [(None, None), (4, None), (None, 6)])
 def test_the_metrics_count_what_the_log_and_the_predictions_hold(
-    tmp_path: Path, fail_commit: int | None
+    tmp_path: Path, fail_commit: int | None, fail_record: int | None
 ) -> None:
     """A drive at 300 jobs read `lightpath_decisions_written_total` 9,199 short of the
     log (the traffic pass's decisions, `prediction` and `phase`, were not counted) and
     the hits and held counters above the API's after a pass failed mid-commit (the
-    phases it scored were counted, then scored again on its replay)."""
+    phases it scored were counted, then scored again on its replay); a review: counted
+    at the commit, phases that confirmations scored were lost from the metrics when the
+    pass failed after storing them (they are not scored again)."""
     metrics = WorkerMetrics()
     steps = scripted(gap_s=0.5, b_at=4.05, a_done=9.02)
-    log, scores = run_worker(steps, tmp_path / "w.db", metrics=metrics, fail_commit=fail_commit)
+    log, scores = run_worker(
+        steps, tmp_path / "w.db", metrics=metrics, fail_commit=fail_commit, fail_record=fail_record
+    )
     hits, held, misses, decisions = _counted(metrics)
     assert (hits, held, misses) == tuple(sum(s[k] for s in scores.values()) for k in range(3))
     assert decisions == len(log)
