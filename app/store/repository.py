@@ -9,7 +9,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import threading
-from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -580,16 +580,13 @@ class Store:
             row = _job_row(conn, job_id)
         return _job_record(row) if row is not None else None
 
-    def jobs_beyond(self, server_ids: Collection[str]) -> dict[str, list[str]]:
-        """Job -> the servers it holds that are not in `server_ids` (sorted): jobs placed
-        on a cluster whose file has since lost those servers."""
-        known = set(server_ids)
+    def server_holders(self) -> dict[str, list[str]]:
+        """Job -> the servers it holds (sorted), every job that holds any."""
         query = select(t.server_assignments.c.server_id, t.server_assignments.c.job_id)
         out: dict[str, list[str]] = {}
         with self.read_engine.connect() as conn:
             for server_id, job_id in conn.execute(query):
-                if server_id not in known:
-                    out.setdefault(job_id, []).append(server_id)
+                out.setdefault(job_id, []).append(server_id)
         return {job_id: sorted(servers) for job_id, servers in out.items()}
 
     def leased_jobs(self) -> list[JobLease]:

@@ -133,12 +133,30 @@ class Worker:
         A restart on a cluster file without some pods (decommissioned) left their jobs
         placed: every fabric pass then failed on servers it could not find, and no
         later job got circuits or a collective. They end `failed` with reason
-        `cluster_changed: ...`, freeing what they held that still exists."""
+        `cluster_changed: ...`, freeing what they held that still exists. When every
+        placed job (two or more) would go, the cluster file is more likely the wrong
+        one (a worker started without LIGHTPATH_CLUSTER reads the `small` preset):
+        nothing is failed, an error says so, and the fabric passes leave them out.
+        """
         if self._orphans_checked:
             return set()
-        self._orphans_checked = True
+        holders = self.store.server_holders()
+        known = set(self.cluster.server_ids)
+        orphans = {
+            job_id: [s for s in servers if s not in known]
+            for job_id, servers in holders.items()
+            if not known.issuperset(servers)
+        }
+        if len(orphans) >= 2 and len(orphans) == len(holders):
+            log.error(
+                "no placed job fits the cluster file: is it the right one? "
+                "Those jobs are not failed; the fabric leaves them out",
+                extra={"cluster": self.cluster.name, "jobs": len(orphans)},
+            )
+            self._orphans_checked = True
+            return set()
         failed: set[str] = set()
-        for job_id, servers in self.store.jobs_beyond(self.cluster.server_ids).items():
+        for job_id, servers in sorted(orphans.items()):
             reason = (
                 f"{CLUSTER_CHANGED}: {len(servers)} of its servers are not in the cluster "
                 f"({', '.join(servers[:3])}{', ...' if len(servers) > 3 else ''})"
@@ -149,6 +167,8 @@ class Worker:
             if record is not None and record.end_reason == reason:
                 log.error("placed job failed: " + reason, extra={"job_id": job_id})
                 failed.add(job_id)
+        # only once all are failed: one that raised (the database busy) is tried again
+        self._orphans_checked = True
         return failed
 
     def expire_leases(self) -> set[str]:
@@ -243,6 +263,8 @@ class Worker:
         self.placed.clear()
         self.leading_since = time.time()
         self._leases_granted = False
+        # another leader, perhaps on another cluster file, may have placed jobs meanwhile
+        self._orphans_checked = False
         if self.fabric_process is not None:
             if not elected:
                 self.fabric_process.reset()

@@ -421,9 +421,7 @@ def test_a_fabric_pass_leaves_out_a_job_on_servers_the_cluster_lost(store: Store
     )
     fabric.sync("reconcile")  # no KeyError on pod-3's servers
     assert fabric.state is not None and fabric.state.jobs == ()
-    assert store.jobs_beyond(shrunk.server_ids) == {
-        "everywhere": sorted(s for s in SMALL.server_ids if s.startswith("pod-3/"))
-    }
+    assert store.server_holders()["everywhere"] == sorted(SMALL.server_ids)
     # the scheduler fails it; the job behind it is placed and planned
     worker = Worker(
         store, InProcessBus(), shrunk, Settings(), driver=fabric, metrics=WorkerMetrics()
@@ -454,3 +452,35 @@ def test_an_unbounded_mlu_is_stored_as_null(store: Store) -> None:
     fabric.memory.state = replace(state, fabric=replace(state.fabric, mlu=math.inf))
     fabric.sync("reconcile", force=True)
     assert FabricRepository(store).fact("fabric")["mlu"] is None
+
+
+def test_a_cluster_file_that_fits_no_placed_job_fails_none_of_them(store: Store) -> None:
+    """A review: a worker started without LIGHTPATH_CLUSTER reads the `small` preset, and
+    a leader on the wrong file would fail every running job `cluster_changed`. When
+    every placed job (two or more) would go, none is failed and an error says why;
+    a leader that takes over later (perhaps on the right file) looks again."""
+    _submit(store, "a", 8)
+    _submit(store, "b", 8)
+    schedule(store, SMALL, QueuePolicy.FIFO, backfill=True, reason="arrival")
+    tiny = build_cluster(
+        "tiny",
+        pods=1,
+        tors_per_pod=1,
+        servers_per_tor=1,
+        uplink_ports_per_pod=2,
+        oxcs=1,
+        oxc_ports=2,
+    )
+    fabric = FabricDriver(
+        FabricRepository(store),
+        TrafficRepository(store),
+        tiny,
+        ControllerConfig(25.0),
+        WorkerMetrics(),
+    )
+    worker = Worker(store, InProcessBus(), tiny, Settings(), driver=fabric, metrics=WorkerMetrics())
+    assert worker.retire_orphans() == set()
+    assert {store.get_job(j).state for j in ("a", "b")} == {"placed"}  # type: ignore[union-attr]
+    worker.take_over()
+    right = Worker(store, InProcessBus(), SMALL, Settings(), driver=fabric, metrics=WorkerMetrics())
+    assert right.retire_orphans() == set()  # on the right file: nothing to do
