@@ -66,6 +66,7 @@ from .cluster import Cluster
 from .collective import AggregatorLedger, choose_iteration_collective
 from .cross_connects import (
     CrossConnect,
+    OxcChange,
     changed_cross_connects,
     cross_connects_by_job,
     diff_cross_connects,
@@ -93,6 +94,7 @@ from .fabric import (
     route_phases,
 )
 from .job import Collective, Job, Placement
+from .memo import IdentityMemo
 from .placement import uplinks_free
 from .plan_signature import EMPTY_PLAN_ID, PlanCatalog, classify_plan
 from .predictor import DEFAULT_ALGORITHM, PredictorState, new_predictor
@@ -416,6 +418,7 @@ def restore(
         state, decided = _reallocate(state, state.jobs, "reconcile", state.now_s, grow=True)
         made.extend(decided)
     after = {cc.key for cc in state.desired}
+    stored_owner = dict(owner)
     owner.update({cc.key: cc.job_id for cc in state.desired})
     changed = before ^ after
     # jobs new in this pass: their cross-connects are arrivals; the rest (restored
@@ -440,22 +443,29 @@ def restore(
             connect = tuple(p for p in o.connect if p in mine)
             disconnect = tuple(p for p in o.disconnect if p in mine)
             if connect or disconnect:
-                net = replace(o, connect=connect, disconnect=disconnect)
+                # handovers are logged net, below (a step's may be undone by a later one)
+                net = replace(o, connect=connect, disconnect=disconnect, handover=())
                 owners = {owner.get(k) for k in kept}
                 if owners & new_jobs:  # a new job's cross-connects: as stepped
                     out.append(replace(d, oxc=net))
                 else:
                     only = next(iter(owners)) if len(owners) == 1 else None
                     out.append(replace(d, job_id=only, reason="reconcile", oxc=net))
-            elif o.handover:  # circuits that stay, now another job's: whose they are
-                out.append(
-                    replace(d, reason="reconcile", oxc=replace(o, connect=(), disconnect=()))
-                )
         elif d.routing is not None and d.job_id in restored:
             if i in kept_headers:
                 out.append(replace(d, reason=reason))
         else:
             out.append(replace(d, reason=reason))
+    # circuits that stayed on the switches and are another job's now than in the stored
+    # plan (a job that ended while no leader ran, its circuits kept by an arrival)
+    handed: dict[tuple[str, str], list[tuple[int, int, str]]] = defaultdict(list)
+    for key in sorted(before & after):
+        was, now = stored_owner[key], owner[key]
+        if was != now:
+            handed[(key[0], now)].append((key[1], key[2], was))
+    for (oxc_id, job_id), pairs in sorted(handed.items()):
+        reason = "arrival" if job_id in new_jobs else "reconcile"
+        out.append(Decision("oxc", job_id, reason, oxc=OxcChange(oxc_id, (), (), tuple(pairs))))
     return state, tuple(out)
 
 
@@ -884,7 +894,30 @@ def _apply_deferred(
             jf = state.job_fabric(job_id)
             assert jf is not None
         routing += [Decision("routing", job_id, reason, routing=r) for r in jf.routing]
-    return _record_installs(state, changed, at_s), decisions + tuple(routing)
+    state = _record_installs(state, changed, at_s)
+    # a job that went back to its held topology while these held its ports came out
+    # short of a pair: mapped again now that they are free
+    refill: list[Decision] = []
+    for jf in state.fabric.jobs if state.fabric is not None else ():
+        cycle = state.cycles.get(jf.job_id)
+        if (
+            jf.slice.mode == MODE_ISOLATED
+            and cycle is not None
+            and cycle.target == HELD_PLAN
+            and jf.job_id not in held_back
+            and _short_of_plan(state, jf)
+        ):
+            state, made = _rewire(state, jf, HELD_PLAN, at_s, reason)
+            refill.extend(made)
+    return state, decisions + tuple(routing) + tuple(refill)
+
+
+def _short_of_plan(state: ControllerState, jf: JobFabric) -> bool:
+    """Does the job hold no circuit on a pod pair its plan joins?"""
+    held = realised_circuits(
+        state.cluster, cross_connects_by_job(state.desired).get(jf.job_id, ()), jf.job_id
+    )
+    return any(not held.get(a, b) for a, b, _ in jf.plan.circuits.pairs())
 
 
 def _jobs_changed(
@@ -1041,6 +1074,10 @@ def _observed(
         if gap.fits or e.at_s - state.deferred[e.job_id] > MAX_DEFER_S:
             return _apply_deferred(state, (e.job_id,), e.at_s, "phase")
         return state, ()  # its re-allocation waits for a gap: no rewiring before it
+    if any(cc.job_id == e.job_id for cc in state.pending):
+        # changes of its own wait for another job's gap: it keeps its topology until they
+        # are in (rewired meanwhile, they were installed beside a per-phase topology)
+        return state, ()
     if jf.slice.mode == MODE_TIME_DIVISION:
         return _turn_for_phase(state, e.job_id, plan_id, e.at_s)
     if target is None or target == cycle.target:
@@ -1244,7 +1281,7 @@ def _way_back(state: ControllerState, jf: JobFabric, cycle: JobCycle, wanted: st
 
 
 def _rewire(
-    state: ControllerState, jf: JobFabric, target: str, at_s: float
+    state: ControllerState, jf: JobFabric, target: str, at_s: float, reason: str = "prediction"
 ) -> tuple[ControllerState, tuple[Decision, ...]]:
     """Re-map the job's circuits inside its slice for `target`; routing follows."""
     cluster = state.cluster
@@ -1255,19 +1292,16 @@ def _rewire(
     mine = tuple(cc for cc in state.desired if cc.job_id == jf.job_id)
     others = tuple(cc for cc in state.desired if cc.job_id != jf.job_id)
     occupied = {(cc.oxc_id, p) for cc in others + state.pending for p in (cc.port_a, cc.port_b)}
-    # within the ports its allocation gives it on each switch, less those its own changes
-    # waiting for another job's gap will take: a port free now may be another job's, not
-    # connected yet (it took an arrival's ports: the arrival got none)
+    # within the ports its allocation gives it on each switch (a port free now may be
+    # another job's, not connected yet: it took an arrival's ports, the arrival got
+    # none), those it holds (a plan may have put a circuit on another switch than the
+    # allocated one, taken) and those nobody's allocation has
     ja = state.allocation.job(jf.job_id)
     allowed = None
     if ja is not None:
-        where = port_pods(cluster)
-        allowed = Counter({(o, p): n for o, p, n in ja.oxc_ports}) - Counter(
-            (cc.oxc_id, where.get((cc.oxc_id, p), ""))
-            for cc in state.pending
-            if cc.job_id == jf.job_id
-            for p in (cc.port_a, cc.port_b)
-        )
+        allowed = (
+            Counter({(o, p): n for o, p, n in ja.oxc_ports}) | _pod_ports_of(cluster, mine)
+        ) + _unpromised(state.cluster, state.allocation)
     mapping = map_cross_connects(cluster, {jf.job_id: circuits}, mine, occupied, allowed)
     desired = tuple(sorted(others + mapping.cross_connects, key=lambda cc: cc.key))
     changes = diff_cross_connects(mine, mapping.cross_connects)
@@ -1278,7 +1312,7 @@ def _rewire(
         installs = cycle.installs[:-1] + (replace(cycle.installs[-1], target=target),)
         cycles[jf.job_id] = replace(cycle, installs=installs)
         return replace(state, cycles=cycles), ()
-    decisions = [Decision("oxc", jf.job_id, "prediction", oxc=c) for c in changes]
+    decisions = [Decision("oxc", jf.job_id, reason, oxc=c) for c in changes]
     real = realised_circuits(cluster, mapping.cross_connects, jf.job_id)
     fabric, routing = _with_circuits(state, jf, real)
     if _unrouted(cluster, cycle.flows.get(target, ()), fabric, jf.job_id):
@@ -1287,9 +1321,38 @@ def _rewire(
         flows = cycle.flows[target]
         budget = dict(jf.slice.pod_ports) or {p: real.row_sum(p) for p in real.pod_ids}
         routing += (route_observed(cluster, jf.job_id, target, flows, real, budget),)
-    decisions += [Decision("routing", jf.job_id, "prediction", routing=r) for r in routing]
+    decisions += [Decision("routing", jf.job_id, reason, routing=r) for r in routing]
     state = replace(state, desired=desired, fabric=fabric)
     return _record_installs(state, {jf.job_id: target}, at_s), tuple(decisions)
+
+
+def _pod_ports_of(cluster: Cluster, ccs: Iterable[CrossConnect]) -> Counter[tuple[str, str]]:
+    """(oxc, pod) -> ports these cross-connects use."""
+    where = port_pods(cluster)
+    return Counter(
+        (cc.oxc_id, where.get((cc.oxc_id, p), "")) for cc in ccs for p in (cc.port_a, cc.port_b)
+    )
+
+
+_UNPROMISED: IdentityMemo[Counter[tuple[str, str]]] = IdentityMemo(4)
+
+
+def _unpromised(cluster: Cluster, allocation: PortAllocation) -> Counter[tuple[str, str]]:
+    """(oxc, pod) -> wired ports no job's allocation (circuits, spare, the pool) holds
+    (memoised per allocation)."""
+
+    def count() -> Counter[tuple[str, str]]:
+        used = allocation.used_ports()
+        return Counter(
+            {
+                (o.id, pod): len(ports) - used.get((o.id, pod), 0)
+                for o in cluster.oxcs
+                for pod, ports in o.pod_ports.items()
+                if len(ports) > used.get((o.id, pod), 0)
+            }
+        )
+
+    return _UNPROMISED.get((cluster, allocation), count)
 
 
 def _unrouted(
@@ -1389,14 +1452,15 @@ def _rotate_to(
     waiting = tuple(cc for cc in state.pending if cc.job_id not in pair)
     occupied = {(cc.oxc_id, p) for cc in others + waiting for p in (cc.port_a, cc.port_b)}
     old = tuple(cc for cc in state.desired if cc.job_id in pair)
-    # within the shared pool's ports on each switch (a free port beyond it may be an
-    # isolated job's, not connected yet)
+    # within the shared pool's ports on each switch and those nobody's allocation has (a
+    # free port beyond them may be an isolated job's, not connected yet)
     pool: Counter[tuple[str, str]] = Counter()
     for o, a, b, n in state.allocation.pool:
         pool[(o, a)] += n
         pool[(o, b)] += n
+    budget = pool + _unpromised(state.cluster, state.allocation)
     mapping = map_cross_connects(
-        state.cluster, {head.job_id: head.plan.circuits}, old, occupied, pool
+        state.cluster, {head.job_id: head.plan.circuits}, old, occupied, budget
     )
     desired = tuple(sorted(others + mapping.cross_connects, key=lambda cc: cc.key))
     decisions = oxc_decisions(*changed_cross_connects(old, mapping.cross_connects), "phase")

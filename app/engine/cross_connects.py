@@ -185,9 +185,17 @@ def map_cross_connects(
         exact = _map_exact(oxc_ids, need, spare)
         if exact is not None and len(exact[1]) < len(unmapped):
             added, unmapped = exact
-    return CrossConnectMapping(
+    mapping = CrossConnectMapping(
         tuple(sorted(kept + added, key=physical_order)), tuple(unmapped), len(kept), len(added)
     )
+    if unmapped and budget is not None and kept:
+        # what it kept used up a pod's ports on a switch where another pair needed them
+        # (a per-phase topology going back to the held one): mapped afresh within the
+        # same budget, if that realises more, its kept cross-connects are rebuilt
+        fresh = map_cross_connects(cluster, wanted, (), occupied, budget)
+        if len(fresh.unmapped) < len(unmapped):
+            return fresh
+    return mapping
 
 
 _Need = Mapping[str, Mapping[tuple[str, str], int]]

@@ -442,9 +442,11 @@ def test_every_oxc_decision_names_its_job_and_replays_in_order() -> None:
     assert all(last[k] == owners[k] for k in final), (last, owners)
 
 
-def _owners(decisions: Sequence[Decision]) -> dict[tuple[str, int, int], str | None]:
-    """Cross-connect -> its job, as a consumer of the log tracks them."""
-    owners: dict[tuple[str, int, int], str | None] = {}
+def _owners(
+    decisions: Sequence[Decision], start: dict[tuple[str, int, int], str | None] | None = None
+) -> dict[tuple[str, int, int], str | None]:
+    """Cross-connect -> its job, as a consumer of the log tracks them (from `start`)."""
+    owners: dict[tuple[str, int, int], str | None] = dict(start or {})
     for d in decisions:
         if d.oxc is None:
             continue
@@ -477,6 +479,22 @@ def test_a_circuit_that_passes_to_another_job_is_logged_as_a_handover() -> None:
             assert all(not d.oxc.moves for d in decided if d.oxc is not None and d.oxc.handover)
     payload = next(d for d in log if d.oxc is not None and d.oxc.handover).to_dict()
     assert payload["oxc"]["handover"][0]["from_job"] == "a"  # type: ignore[index]
+
+
+def test_a_new_leaders_first_pass_logs_circuits_that_changed_hands_meanwhile() -> None:
+    """A review: a job ended while no leader ran and an arrival in the new leader's first
+    pass kept its 16 circuits; the pass logged no oxc entry, so a consumer still gave
+    them to the ended job and the arrival none."""
+    a, b = spread_job("a", [0, 1], 0, dp=4), spread_job("b", [2, 3], 0, dp=4)
+    state = new_controller(SMALL, CONFIG)
+    for event in (placed(a), placed(b, 0.1)):
+        state, _ = step(state, event)
+    stored = {cc.key: cc.job_id for cc in state.desired}
+    fresh = replace(new_controller(SMALL, CONFIG), desired=state.desired)
+    c = spread_job("c", [0, 1], 2, dp=4)
+    after, decisions = restore(fresh, [placed(b, 5.0), placed(c, 5.0)], {"b"})
+    assert _owners(decisions, stored) == {cc.key: cc.job_id for cc in after.desired}
+    assert any(d.oxc is not None and d.oxc.handover and d.job_id == "c" for d in decisions)
 
 
 def test_a_new_leader_reconciles_with_the_stored_plan_and_logs_the_net_change() -> None:
