@@ -484,3 +484,36 @@ def test_a_cluster_file_that_fits_no_placed_job_fails_none_of_them(store: Store)
     worker.take_over()
     right = Worker(store, InProcessBus(), SMALL, Settings(), driver=fabric, metrics=WorkerMetrics())
     assert right.retire_orphans() == set()  # on the right file: nothing to do
+
+
+def test_a_worker_told_to_stop_while_waiting_for_messages_admits_nothing(store: Store) -> None:
+    """A drive SIGTERMed the worker: it placed a job 0.2 s later, after its fabric pass
+    had stopped, and the job went unplanned (`network` null) until the next leader."""
+    from app.bus.messages import Delivery
+
+    _submit(store, "late", 2)
+    stop = threading.Event()
+
+    class StoppingBus(InProcessBus):
+        acked: list[Delivery] = []
+
+        def consume(self, timeout_s: float) -> list[Delivery]:
+            stop.set()  # SIGTERM arrives while the worker waits here
+            return [Delivery("1-0", AdmitJob("late"))]
+
+        def ack(self, deliveries: Any) -> None:
+            self.acked.extend(deliveries)
+
+    fabric = FabricDriver(
+        FabricRepository(store),
+        TrafficRepository(store),
+        SMALL,
+        ControllerConfig(25.0),
+        WorkerMetrics(),
+    )
+    bus = StoppingBus()
+    worker = Worker(store, bus, SMALL, Settings(), driver=fabric, metrics=WorkerMetrics())
+    worker.run(stop)
+    job = store.get_job("late")
+    assert job is not None and job.state == "queued"
+    assert bus.acked == []  # left for the next leader
