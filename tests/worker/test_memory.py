@@ -23,7 +23,7 @@ from sqlalchemy import Engine, event, select
 
 from app.bus import InProcessBus
 from app.bus.messages import AdmitJob
-from app.engine.cluster import build_cluster, preset
+from app.engine.cluster import Cluster, build_cluster, preset
 from app.engine.controller import ControllerConfig
 from app.engine.cross_connects import CrossConnect
 from app.engine.queue import QueuePolicy
@@ -412,13 +412,7 @@ def test_a_fabric_pass_leaves_out_a_job_on_servers_the_cluster_lost(store: Store
         oxcs=2,
         oxc_ports=64,
     )
-    fabric = FabricDriver(
-        FabricRepository(store),
-        TrafficRepository(store),
-        shrunk,
-        ControllerConfig(25.0),
-        WorkerMetrics(),
-    )
+    fabric = _driver(store, shrunk)
     fabric.sync("reconcile")  # no KeyError on pod-3's servers
     assert fabric.state is not None and fabric.state.jobs == ()
     assert store.server_holders()["everywhere"] == sorted(SMALL.server_ids)
@@ -439,13 +433,7 @@ def test_an_unbounded_mlu_is_stored_as_null(store: Store) -> None:
     invalid`), failing the pass; SQLite stored it and GET /v1/topology answered 500."""
     _submit(store, "wide", 12)
     schedule(store, SMALL, QueuePolicy.FIFO, backfill=True, reason="arrival")
-    fabric = FabricDriver(
-        FabricRepository(store),
-        TrafficRepository(store),
-        SMALL,
-        ControllerConfig(25.0),
-        WorkerMetrics(),
-    )
+    fabric = _driver(store, SMALL)
     fabric.sync("arrival")
     assert fabric.memory is not None and fabric.memory.state.fabric is not None
     state = fabric.memory.state
@@ -471,13 +459,7 @@ def test_a_cluster_file_that_fits_no_placed_job_fails_none_of_them(store: Store)
         oxcs=1,
         oxc_ports=2,
     )
-    fabric = FabricDriver(
-        FabricRepository(store),
-        TrafficRepository(store),
-        tiny,
-        ControllerConfig(25.0),
-        WorkerMetrics(),
-    )
+    fabric = _driver(store, tiny)
     worker = Worker(store, InProcessBus(), tiny, Settings(), driver=fabric, metrics=WorkerMetrics())
     assert worker.retire_orphans() == set()
     assert {store.get_job(j).state for j in ("a", "b")} == {"placed"}  # type: ignore[union-attr]
@@ -504,16 +486,21 @@ def test_a_worker_told_to_stop_while_waiting_for_messages_admits_nothing(store: 
         def ack(self, deliveries: Any) -> None:
             self.acked.extend(deliveries)
 
-    fabric = FabricDriver(
-        FabricRepository(store),
-        TrafficRepository(store),
-        SMALL,
-        ControllerConfig(25.0),
-        WorkerMetrics(),
-    )
+    fabric = _driver(store, SMALL)
     bus = StoppingBus()
     worker = Worker(store, bus, SMALL, Settings(), driver=fabric, metrics=WorkerMetrics())
     worker.run(stop)
     job = store.get_job("late")
     assert job is not None and job.state == "queued"
     assert bus.acked == []  # left for the next leader
+
+
+def _driver(store: Store, cluster: Cluster) -> FabricDriver:
+    """A fabric driver on `store` for `cluster` (25 ms switches)."""
+    return FabricDriver(
+        FabricRepository(store),
+        TrafficRepository(store),
+        cluster,
+        ControllerConfig(25.0),
+        WorkerMetrics(),
+    )
