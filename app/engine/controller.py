@@ -837,7 +837,16 @@ def _defer_to_gaps(
             deferred.add(job_id)
     if not deferred:
         return tuple(after), (), frozenset()
-    kept = [cc for cc in before if cc.job_id in deferred]
+    # what a deferred job keeps until its gap: never a cross-connect on a failed port
+    # (those are gone already; kept, they stayed on a dead switch until the gap)
+    usable = port_pods(state.cluster)
+    kept = [
+        cc
+        for cc in before
+        if cc.job_id in deferred
+        and (cc.oxc_id, cc.port_a) in usable
+        and (cc.oxc_id, cc.port_b) in usable
+    ]
     busy = {(cc.oxc_id, p) for cc in kept for p in (cc.port_a, cc.port_b)}
     now: list[CrossConnect] = []
     later: list[CrossConnect] = []
@@ -1294,14 +1303,13 @@ def _rewire(
     occupied = {(cc.oxc_id, p) for cc in others + state.pending for p in (cc.port_a, cc.port_b)}
     # within the ports its allocation gives it on each switch (a port free now may be
     # another job's, not connected yet: it took an arrival's ports, the arrival got
-    # none), those it holds (a plan may have put a circuit on another switch than the
-    # allocated one, taken) and those nobody's allocation has
+    # none) and those it holds (a plan may have put a circuit on another switch than
+    # the allocated one, taken). Not ports nobody's allocation has: a later allocation
+    # may promise them while the job's plan is left as it is (an arrival got none)
     ja = state.allocation.job(jf.job_id)
     allowed = None
     if ja is not None:
-        allowed = (
-            Counter({(o, p): n for o, p, n in ja.oxc_ports}) | _pod_ports_of(cluster, mine)
-        ) + _unpromised(state.cluster, state.allocation)
+        allowed = Counter({(o, p): n for o, p, n in ja.oxc_ports}) | _pod_ports_of(cluster, mine)
     mapping = map_cross_connects(cluster, {jf.job_id: circuits}, mine, occupied, allowed)
     desired = tuple(sorted(others + mapping.cross_connects, key=lambda cc: cc.key))
     changes = diff_cross_connects(mine, mapping.cross_connects)

@@ -9,7 +9,7 @@ import random
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from app.engine.cluster import Cluster, build_cluster, preset
+from app.engine.cluster import Cluster, build_cluster, preset, without_failed_ports
 from app.engine.controller import (
     HELD_PLAN,
     ControllerConfig,
@@ -18,6 +18,7 @@ from app.engine.controller import (
     JobCompleted,
     JobPlaced,
     PhaseObserved,
+    PortsChanged,
     SwitchConfirmed,
     Tick,
     network_view,
@@ -679,3 +680,56 @@ def test_no_port_is_used_twice_and_every_job_is_served_through_phases_and_deferr
                 held = realised_circuits(SMALL, state.desired, jf.job_id)
                 short = [(a, b) for a, b, _ in jf.plan.circuits.pairs() if not held.get(a, b)]
                 assert not short, (seed, at, what, jf.job_id, short)
+
+
+def test_a_job_waiting_for_its_gap_keeps_no_cross_connect_on_a_failed_port() -> None:
+    """A fuzzer failed a whole OXC 10 ms before a job's next phase: the job was deferred to
+    its gap and kept its old cross-connects, eight of them on the dead switch's ports,
+    until then (about a second and 60 steps in one trace)."""
+    a = _job("a", _on(SMALL, [0, 1], 0, 2))
+    demand = DemandMatrix.from_pairs((("pod-0", "pod-1", 4e9),))
+    events: list[Event] = [JobPlaced(*a, at_s=0.0)]
+    events += [PhaseObserved("a", demand, 0.5 * k, 0.5 * k + 0.001) for k in range(1, 8)]
+    state = _run(new_controller(SMALL, CONFIG), events)
+    dead = without_failed_ports(SMALL, {"oxc-0": frozenset(range(64))})
+    state, _ = step(state, PortsChanged(dead, 3.99))  # its next phase at 4.0
+    usable = port_pods(state.cluster)
+    on_dead = [
+        cc
+        for cc in state.desired
+        if (cc.oxc_id, cc.port_a) not in usable or (cc.oxc_id, cc.port_b) not in usable
+    ]
+    assert on_dead == []
+
+
+def test_a_per_phase_topology_leaves_ports_no_allocation_holds_to_later_arrivals() -> None:
+    """A fuzzer: a job's per-phase topology took free ports its allocation did not give
+    it; an arrival was then allocated them, found them held and went on another job's,
+    and when that job was planned again one circuit had nowhere to go."""
+    large = build_cluster(
+        "large",
+        pods=6,
+        tors_per_pod=2,
+        servers_per_tor=6,
+        uplink_ports_per_pod=24,
+        oxcs=3,
+        oxc_ports=48,
+    )
+
+    def arrives(job_id: str, servers: list[tuple[int, int]], at: float) -> JobPlaced:
+        job, placement = _job(job_id, [f"pod-{p}/tor-1/srv-{k}" for p, k in servers])
+        return JobPlaced(job, placement, at)
+
+    phase = DemandMatrix.from_pairs((("pod-2", "pod-3", 5e8),))
+    j5 = [(1, 5), (1, 4), (1, 3), (3, 5), (3, 4), (3, 3), (0, 5), (0, 4), (0, 3), (2, 5)]
+    events: list[Event] = [
+        arrives("j5", j5, 0.327),
+        PhaseObserved("j5", phase, 0.7125, 0.7145),
+        PhaseObserved("j5", phase, 3.2644, 3.2664),
+        arrives("j6", [(2, 4), (2, 3), (2, 2), (4, 5)], 3.599),
+        arrives("j0", [(3, 2), (3, 1), (1, 2), (0, 2), (0, 1), (0, 0), (5, 5)], 4.115),
+    ]
+    state = new_controller(large, CONFIG)
+    for event in events:
+        state, _ = step(state, event)
+        assert state.fabric is not None and state.fabric.unmapped == (), event
