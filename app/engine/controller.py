@@ -735,17 +735,8 @@ def _spare_unused(state: ControllerState, job_id: str) -> bool:
     ja = state.allocation.job(job_id)
     if ja is None:
         return False
-    room: Counter[tuple[str, str]] = Counter()
-    for o, a, b, n in ja.circuits:
-        room[(o, a)] += n
-        room[(o, b)] += n
-    where = port_pods(state.cluster)
-    used = Counter(
-        (cc.oxc_id, where.get((cc.oxc_id, p), ""))
-        for cc in cross_connects_by_job(state.desired).get(job_id, ())
-        for p in (cc.port_a, cc.port_b)
-    )
-    return not used - room
+    used = _pod_ports_of(state.cluster, cross_connects_by_job(state.desired).get(job_id, ()))
+    return not used - _circuit_ports(ja.circuits)
 
 
 def _grown_slice(slc: JobSlice, ja: JobAllocation) -> JobSlice:
@@ -1334,6 +1325,15 @@ def _rewire(
     return _record_installs(state, {jf.job_id: target}, at_s), tuple(decisions)
 
 
+def _circuit_ports(circuits: Iterable[tuple[str, str, str, int]]) -> Counter[tuple[str, str]]:
+    """(oxc, pod) -> ports these (oxc, pod_a, pod_b, n) circuits take."""
+    out: Counter[tuple[str, str]] = Counter()
+    for o, a, b, n in circuits:
+        out[(o, a)] += n
+        out[(o, b)] += n
+    return out
+
+
 def _pod_ports_of(cluster: Cluster, ccs: Iterable[CrossConnect]) -> Counter[tuple[str, str]]:
     """(oxc, pod) -> ports these cross-connects use."""
     where = port_pods(cluster)
@@ -1462,11 +1462,7 @@ def _rotate_to(
     old = tuple(cc for cc in state.desired if cc.job_id in pair)
     # within the shared pool's ports on each switch and those nobody's allocation has (a
     # free port beyond them may be an isolated job's, not connected yet)
-    pool: Counter[tuple[str, str]] = Counter()
-    for o, a, b, n in state.allocation.pool:
-        pool[(o, a)] += n
-        pool[(o, b)] += n
-    budget = pool + _unpromised(state.cluster, state.allocation)
+    budget = _circuit_ports(state.allocation.pool) + _unpromised(state.cluster, state.allocation)
     mapping = map_cross_connects(
         state.cluster, {head.job_id: head.plan.circuits}, old, occupied, budget
     )

@@ -117,6 +117,20 @@ class Clock:
         return self.now
 
 
+def _fail_once(obj: Any, method: str, nth: int) -> None:
+    """`obj.method`'s call number `nth` (1 = the first) raises, as if the database went
+    away mid-transaction; the others go through."""
+    real, calls = getattr(obj, method), [0]
+
+    def flaky(*args: Any, **kwargs: Any) -> Any:
+        calls[0] += 1
+        if calls[0] == nth:
+            raise RuntimeError(f"the database went away in {method}")
+        return real(*args, **kwargs)
+
+    setattr(obj, method, flaky)
+
+
 def run_worker(
     steps: list[Step],
     db: Path,
@@ -138,25 +152,9 @@ def run_worker(
     traffic = TrafficRepository(store)
     fabric = FabricDriver(repo, traffic, SMALL, CONFIG, metrics or WorkerMetrics(), clock=clock)
     if fail_commit is not None:
-        commit, calls = traffic.commit_predictions, [0]
-
-        def flaky(*args: Any, **kwargs: Any) -> list[int]:
-            calls[0] += 1
-            if calls[0] == fail_commit:
-                raise RuntimeError("the database went away mid-commit")
-            return commit(*args, **kwargs)
-
-        traffic.commit_predictions = flaky  # type: ignore[method-assign]
+        _fail_once(traffic, "commit_predictions", fail_commit)
     if fail_record is not None:
-        record, records = repo.record_fabric, [0]
-
-        def flaky_record(*args: Any, **kwargs: Any) -> list[int]:
-            records[0] += 1
-            if records[0] == fail_record:
-                raise RuntimeError("the database went away mid-pass")
-            return record(*args, **kwargs)
-
-        repo.record_fabric = flaky_record  # type: ignore[method-assign]
+        _fail_once(repo, "record_fabric", fail_record)
     switches = InProcessDriver.for_cluster(SMALL, reconfig_ms=0.0)
     controller = SwitchController(
         repo, switches, SMALL, WorkerMetrics(), on_confirmed=fabric.confirmed
