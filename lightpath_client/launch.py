@@ -245,7 +245,9 @@ class Heartbeat(threading.Thread):
 
     def run(self) -> None:
         threading.Thread(target=self._watch, name="lightpath-job-watch", daemon=True).start()
-        while not self.stop.wait(self.every_s):
+        # the first renewal at once: the lease ran from placement, and the wait may have
+        # seen the placement late (a retry pause, a slow machine)
+        while not self.stop.is_set():
             try:
                 self.client.heartbeat(self.job_id)
             except Conflict as exc:
@@ -254,6 +256,7 @@ class Heartbeat(threading.Thread):
                 return
             except LightpathError as exc:
                 print(f"[lightpath] heartbeat failed: {exc}", file=sys.stderr)
+            self.stop.wait(self.every_s)
 
     def _watch(self) -> None:
         """Long-poll the job's end until it comes or `stop` (a pause after a failure)."""
@@ -331,7 +334,12 @@ def launch(
     """The whole `lightpath launch`; returns the launcher's exit status."""
     job_id = str(body["job_id"])
     progress = Progress()
-    final_s = max(float(body.get("lease_s") or 0.0), FINAL_RETRY_S)
+    lease_s = float(body.get("lease_s") or 0.0)
+    final_s = max(lease_s, FINAL_RETRY_S)
+    if lease_s:
+        # the lease runs from placement: a wait pausing longer between retries (up to
+        # 5 s after a server restart) would see the placement after a short lease ran out
+        client.max_backoff_s = min(client.max_backoff_s, max(0.5, lease_s / 3))
 
     def final(call: Call[Job]) -> Job:
         """The job's ending, retried through a server restart for `final_s`."""

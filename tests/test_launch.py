@@ -612,6 +612,36 @@ def test_waiting_for_placement_rides_out_a_server_restart(tmp_path: Path) -> Non
         server.stop()
 
 
+def test_a_placement_made_while_the_launcher_paused_keeps_its_lease(tmp_path: Path) -> None:
+    """After a server restart the queue wait paused up to 5 s between retries; a job
+    placed just as the server came back was seen up to 5 s late, and a short lease (it
+    runs from placement) had already failed it `lease_expired` (CI, at 2 s). The
+    pause is now at most a third of the lease and the first renewal goes at once."""
+    server = LiveServer(small_settings(tmp_path))
+    server.start()
+    proc: subprocess.Popen[str] | None = None
+    try:
+        with Client(server.url) as c:
+            assert c.submit_job("blocker", dp=16, pp=2).state == "placed"
+        out = tmp_path / "late"
+        out.mkdir()
+        argv = launch_argv(server, "late", out, "ok")
+        argv[argv.index("--lease-s") + 1] = "1"
+        proc = subprocess.Popen(argv, cwd=out, stderr=subprocess.PIPE, text=True)
+        assert proc.stderr is not None
+        assert proc.stderr.readline().startswith("[lightpath] late: queued")
+        server = restart(server, 9.0)
+        with Client(server.url) as c:
+            c.complete_job("blocker")  # placed at once, while the launcher may be pausing
+            _, said = proc.communicate(timeout=120)
+            assert proc.returncode == 0, said
+            assert c.get_job("late").state == "completed"
+    finally:
+        if proc is not None:
+            proc.kill()
+        server.stop()
+
+
 @given(st.lists(st.from_regex(JOB_ID_PATTERN, fullmatch=True), min_size=2, max_size=2, unique=True))
 def test_every_job_id_has_a_work_directory_of_its_own(ids: list[str]) -> None:
     """`co:1`, `co@1`, `co+1` and `co_1` shared .lightpath/launch/co_1: two launches
