@@ -56,7 +56,13 @@ from typing import NamedTuple
 
 from .circuits import PodCircuits
 from .cluster import Cluster
-from .cross_connects import CrossConnect, CrossConnectMapping, physical_order, port_pods
+from .cross_connects import (
+    CrossConnect,
+    CrossConnectMapping,
+    fits_on_switches,
+    physical_order,
+    port_pods,
+)
 from .job import Job, Placement
 from .memo import IdentityMemo
 from .traffic import ALGO_RING, PHASE_DP, PHASE_PP, job_traffic
@@ -1336,6 +1342,34 @@ def _turn_circuits(
     placed, _ = _host(pool, list(w.bytes))
     hosted = {(a, b) for _, a, b in placed}
     return {k: pool_have.get(k, 0) or (1 if k in hosted else 0) for k in w.bytes}
+
+
+def turn_circuits_on_pool(
+    pool: Iterable[tuple[str, str, str, int]], wanted: PodCircuits
+) -> PodCircuits:
+    """The circuits of `wanted` a turn on the pool makes at once, the pool's ports
+    counted per switch (a circuit joins two ports of one OXC), not per pod: `wanted`
+    when they all fit; else one on each pair some switch still joins (most wanted
+    first), then the rest in rounds. A pair no switch joins gets none (its traffic
+    waits until ports return, or relays)."""
+    pool_n = {(o, a, b): n for o, a, b, n in pool}
+    pairs = sorted(wanted.pairs(), key=lambda x: (-x[2], x[0], x[1]))
+    room = _pool_room(pool_n)
+    got: dict[tuple[str, str], int] = defaultdict(int)
+    left = list(pairs)
+    while left:  # round by round: one more circuit on each pair that still fits
+        nxt = []
+        for a, b, n in left:
+            if got[(a, b)] < n and _take_roomiest(room, a, b) is not None:
+                got[(a, b)] += 1
+                nxt.append((a, b, n))
+        left = nxt
+    if all(got[(a, b)] >= n for a, b, n in pairs):
+        return wanted
+    # the greedy choice of switch can strand a pair: an exact count per switch
+    if fits_on_switches(_pool_room(pool_n), {(a, b): n for a, b, n in pairs}):
+        return wanted
+    return PodCircuits.from_pairs(wanted.pod_ids, ((a, b, n) for (a, b), n in got.items()))
 
 
 def _more_circuits(

@@ -285,6 +285,22 @@ def _map_exact(
     return added, unmapped
 
 
+def fits_on_switches(
+    room: Mapping[str, Mapping[str, int]], wanted: Mapping[tuple[str, str], int]
+) -> bool:
+    """Whether every circuit of `wanted` (per pod pair) fits ports counted per OXC and
+    pod (`room`: OXC -> pod -> ports), a circuit taking one port of each of its pods
+    on one switch: the exact count, for when a greedy choice of switch fell short."""
+    free: _Free = {}
+    n_ports = 0
+    for o, pods in room.items():
+        for pod, k in pods.items():  # stand-in port numbers: only counts matter
+            free[(o, pod)] = list(range(n_ports, n_ports + k))
+            n_ports += k
+    exact = _map_exact(sorted(room), {"": wanted}, free)
+    return exact is not None and not exact[1]
+
+
 def cross_connects_by_job(
     cross_connects: Sequence[CrossConnect],
     grouped: Callable[[], Mapping[str, tuple[CrossConnect, ...]]] | None = None,

@@ -43,6 +43,7 @@ from .allocation import (
     PortAllocation,
     map_allocation,
     pair_circuits,
+    turn_circuits_on_pool,
 )
 from .circuits import CircuitPlan, PodCircuits, evaluate_circuits, plan_circuits
 from .cluster import Cluster
@@ -430,7 +431,14 @@ def plan_fabric(
                 allocated[d.job.job_id] = ja.circuits
                 allocated_matrix[d.job.job_id] = circuits
             else:
-                plan = plan_circuits(_restrict(d.combined), budget, cluster.nic_gbps)
+                demand = _restrict(d.combined)
+                plan = plan_circuits(demand, budget, cluster.nic_gbps)
+                if allocation is not None and d.slice.mode == MODE_TIME_DIVISION:
+                    # `budget` counts the pool's ports per pod; a turn's circuits are
+                    # those the pool's ports make on each switch
+                    fits = turn_circuits_on_pool(allocation.pool, plan.circuits)
+                    if fits is not plan.circuits:
+                        plan = evaluate_circuits(demand, fits, budget, cluster.nic_gbps)
             d.plan = plan
         planned.append(d)
         job_id = d.job.job_id
