@@ -55,4 +55,6 @@ def load_cluster(name_or_file: str, reconfig_ms: float | None = None) -> Cluster
         cluster = cluster_from_dict(data, name=path.stem)
     except (ValueError, yaml.YAMLError) as exc:
         raise ConfigError(f"cluster file {path}: {exc}") from exc
+    except RecursionError:
+        raise ConfigError(f"cluster file {path}: nested too deeply") from None
     return cluster if reconfig_ms is None else with_reconfig_ms(cluster, reconfig_ms)

@@ -113,6 +113,15 @@ def test_cluster_view_shows_fragmentation_and_holders(server: LiveServer) -> Non
         assert all("aggregator_used_gbps" in t for p in view["pods"] for t in p["tors"])
 
 
+def test_a_cluster_file_nested_past_the_parser_is_refused_not_a_traceback(
+    tmp_path: Path,
+) -> None:
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(ConfigError, match="nested too deeply"):
+        load_cluster(str(deep))
+
+
 def test_reconfig_ms_overrides_a_cluster_file_only_when_given(tmp_path: Path) -> None:
     data = cluster_to_dict(preset("small"))
     for oxc in data["oxcs"]:

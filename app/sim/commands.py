@@ -92,13 +92,6 @@ def run_simulate(
     if seeds < 1:
         err.print("error: --seeds must be at least 1")
         return EXIT_BAD_INPUT
-    if out_dir is not None:
-        # before the simulation, not after it: a run must not end in a traceback
-        try:
-            Path(out_dir).mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            err.print(f"error: --out {out_dir}: cannot write results there ({exc.strerror or exc})")
-            return EXIT_BAD_INPUT
     try:
         if gpu is not None:
             gpu_profile(gpu)
@@ -117,6 +110,14 @@ def run_simulate(
     except WorkloadError as exc:
         err.print(f"error: {exc}")
         return EXIT_BAD_INPUT
+    if out_dir is not None:
+        # after the inputs (a refused run leaves no empty directory), before the
+        # simulation (a run must not end in a traceback)
+        try:
+            Path(out_dir).mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            err.print(f"error: --out {out_dir}: cannot write results there ({exc.strerror or exc})")
+            return EXIT_BAD_INPUT
     runs: dict[str, list[SimResult]] = {p: [] for p in policies}
     with Progress(
         TextColumn("{task.description}"),

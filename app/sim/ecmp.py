@@ -63,8 +63,16 @@ SAME_COST_CAPACITY = 0.7
 
 def clos_shape(cluster: Cluster, spines: int = DEFAULT_SPINES, capacity: float = 1.0) -> ClosShape:
     """The Clos with the cluster's pod uplinks (times `capacity`) over `spines` spines per pod
-    (fewer where a pod has fewer core links than that: every spine has one)."""
-    uplinks = {p.id: max(1, round(p.uplink_ports * capacity)) for p in cluster.pods}
+    (fewer where a pod has fewer core links than that: every spine has one).
+
+    A pod's core links are its optical uplinks plus its electrical core, if any, in
+    links at NIC rate: the optical policies use both, so the Clos gets both (a pod of
+    no uplinks beside a 3.2 Tb/s core had one 400G link). A pod with neither keeps
+    one link, so that cross-pod traffic is slow rather than never sent."""
+    uplinks = {
+        p.id: max(1, round((p.uplink_ports + p.electrical_gbps / cluster.nic_gbps) * capacity))
+        for p in cluster.pods
+    }
     return ClosShape(max(1, min(spines, *uplinks.values())), uplinks)
 
 

@@ -162,6 +162,9 @@ def read_workload(path: str | Path) -> list[WorkloadJob]:
             data = json.loads(line)
         except json.JSONDecodeError as exc:
             raise WorkloadError(f"{p}:{number}: not valid JSON ({exc.msg})") from exc
+        except (ValueError, RecursionError) as exc:
+            # an integer of more than 4300 digits, or arrays nested past the recursion limit
+            raise WorkloadError(f"{p}:{number}: not valid JSON ({exc})") from None
         entry = parse_workload_job(data, f"{p}:{number}", order=len(jobs))
         if entry.job.job_id in seen:
             raise WorkloadError(f"{p}:{number}: duplicate job_id {entry.job.job_id}")

@@ -249,6 +249,14 @@ def test_cli_generates_a_family_and_simulates_seeds(tmp_path: Path) -> None:
     summary = json.loads((out / "summary_ideal.json").read_text())
     assert summary["seeds"] == 2 and "steady_utilization" in summary["ci95"]
     assert run_simulate("seed-15k", str(path), ["ideal"], None, 0, None, gpu="z80") == 2
+    # refused inputs leave no empty results directory behind
+    refused = tmp_path / "refused"
+    assert (
+        run_simulate("seed-15k", str(tmp_path / "absent.jsonl"), ["ideal"], str(refused), 0, None)
+        == 2
+    )
+    assert run_simulate("no-such-cluster", str(path), ["ideal"], str(refused), 0, None) == 2
+    assert not refused.exists()
 
 
 def test_lightpath_rewires_per_phase_only_where_gap_and_way_back_pay() -> None:
@@ -426,6 +434,44 @@ def test_lightpath_holds_small_jobs_back_from_scattering_over_pods_short_of_upli
     steady_held = compared["held"][0]["steady_utilization"]
     steady_free = compared["free"][0]["steady_utilization"]
     assert steady_held > steady_free + 0.02, (steady_held, steady_free)
+
+
+def test_a_slowdown_rounded_below_the_ideal_reads_one() -> None:
+    """The ideal fabric's mean slowdown read 0.9999999999999928: (end - start) /
+    iterations rounds. Nothing is faster than the ideal; a real shortfall still shows."""
+    from app.sim.simulator import JobResult
+
+    start, ideal = 1234.567, 0.3
+    end = start + 7 * ideal  # the float sum lands just below
+    rounded = JobResult("r", 8, 0.0, 7, start_s=start, end_s=end, ideal_iteration_s=ideal)
+    assert (end - start) / 7 / ideal < 1.0
+    assert rounded.slowdown == 1.0
+    short = JobResult("s", 8, 0.0, 10, start_s=0.0, end_s=2.9, ideal_iteration_s=0.3)
+    assert short.slowdown is not None and short.slowdown < 0.97
+
+
+def test_a_clos_counts_the_pods_electrical_core_beside_their_uplinks() -> None:
+    """A cluster file of pods with no optical uplinks and a 3.2 Tb/s electrical core:
+    the optical policies ran on the core, the Clos baselines on one phantom 400G link
+    per pod (spray 1.127x slower than static there)."""
+    from app.engine.cluster import build_cluster
+    from app.sim.ecmp import clos_shape
+
+    def pods(uplinks: int, core_gbps: float):
+        return build_cluster(
+            "core",
+            pods=2,
+            tors_per_pod=1,
+            servers_per_tor=4,
+            uplink_ports_per_pod=uplinks,
+            oxcs=1,
+            oxc_ports=max(2 * uplinks, 2),
+            pod_electrical_gbps=core_gbps,
+        )
+
+    assert clos_shape(pods(0, 3200.0)).uplinks == {"pod-0": 8, "pod-1": 8}
+    assert clos_shape(pods(2, 800.0)).uplinks == {"pod-0": 4, "pod-1": 4}
+    assert clos_shape(pods(2, 0.0)).uplinks == {"pod-0": 2, "pod-1": 2}
 
 
 def test_a_clos_over_few_uplinks_gets_those_uplinks_not_eight() -> None:

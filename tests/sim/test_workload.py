@@ -79,6 +79,9 @@ def test_every_field_of_the_api_body_is_a_workload_field(tmp_path: Path) -> None
     ("line", "message"),
     [
         ("{not json", ":1: not valid JSON"),
+        # both were tracebacks (exit 1): Python's integer-digit limit and its recursion one
+        ('{"iterations": ' + "9" * 5001 + "}", ":1: not valid JSON"),
+        ("[" * 100_000 + "]" * 100_000, ":1: not valid JSON"),
         ({**GOOD, "paralellism": {}}, "paralellism: Extra inputs are not permitted"),
         ({k: v for k, v in GOOD.items() if k != "iterations"}, "missing required field iterations"),
         ({**GOOD, "iterations": 0}, "iterations must be an integer from 1 to 1,000,000,000"),
