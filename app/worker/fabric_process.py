@@ -348,6 +348,9 @@ class FabricProcess:
                     continue
                 except (EOFError, OSError):
                     pass
+                # the child is gone: not ready until its successor says so (a caller seeing
+                # `restarts` go up with `ready` still set took the dead child for the new one)
+                self.ready.clear()
                 if stop.is_set():
                     break
                 proc.join(timeout=1)
@@ -444,6 +447,10 @@ class FabricProcess:
         elif kind == "advance" and self.advance is not None:
             self.advance(message[1])
         elif kind == "ready":
+            # silence counts from now, not from the spawn: a child whose imports took
+            # longer than `stall_s` (a loaded machine) was killed as stalled on arrival
+            if self._alive is not None:
+                self._alive.value = time.monotonic()
             self.ready.set()
 
     def _stop_child(self) -> None:

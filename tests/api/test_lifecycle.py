@@ -286,21 +286,29 @@ def test_a_restart_gives_leased_jobs_a_full_lease_before_failing_them(settings: 
     first.start()
     try:
         with first.client() as c:
-            assert c.post("/v1/jobs", json=job("leased", dp=1, pp=1, lease_s=2)).status_code == 201
+            assert c.post("/v1/jobs", json=job("leased", dp=1, pp=1, lease_s=4)).status_code == 201
             assert c.post("/v1/jobs/leased/heartbeat").status_code == 200
     finally:
         first.stop()
-    time.sleep(3.0)  # the outage outlasts the lease
+    time.sleep(5.0)  # the outage outlasts the lease
     again = LiveServer(settings)
     again.start()
     try:
         with again.client() as c:
-            time.sleep(1.0)  # several worker ticks
-            view = c.get("/v1/jobs/leased").json()
-            assert view["state"] == "placed"
-            # and the view says so: it showed the old expiry, already past (a sweep)
-            expires = dt.datetime.fromisoformat(view["lease_expires_at"].replace("Z", "+00:00"))
-            assert expires > dt.datetime.now(dt.UTC)
+            # The new leader's first pass grants the full lease (from when it began
+            # leading) and only then looks for expired ones: once the view shows an
+            # expiry ahead, that pass ran. A fixed 1 s sleep against a 2 s lease failed
+            # on a loaded machine (the server's start ate the rest of the lease).
+            deadline = time.monotonic() + 15
+            while True:
+                view = c.get("/v1/jobs/leased").json()
+                assert view["state"] == "placed", view
+                # the view says so too: it showed the old expiry, already past (a sweep)
+                expires = dt.datetime.fromisoformat(view["lease_expires_at"].replace("Z", "+00:00"))
+                if expires > dt.datetime.now(dt.UTC):
+                    break
+                assert time.monotonic() < deadline, f"the lease was never granted: {view}"
+                time.sleep(0.1)
             assert c.post("/v1/jobs/leased/heartbeat").status_code == 200
             deadline = time.monotonic() + 15  # now silent: the lease runs out
             while c.get("/v1/jobs/leased").json()["state"] == "placed":

@@ -60,7 +60,11 @@ class Parent:
 def fabric_process(
     database_url: str, **options: Any
 ) -> Iterator[tuple[FabricProcess, Parent, Store]]:
-    settings = Settings(database_url=database_url, cluster="small", worker_tick_s=0.2)
+    # the child at the test's own priority: at the default niceness (10) a loaded CI
+    # machine starved it past these tests' 1-2 s lease and stall windows
+    settings = Settings(
+        database_url=database_url, cluster="small", worker_tick_s=0.2, fabric_nice=0
+    )
     store = build_store(settings)
     fp, parent, stop, thread = _started(settings, **options)
     try:
@@ -182,10 +186,12 @@ def test_no_pass_once_the_lease_is_lost_or_lapses_by_local_time(sqlite_url: str)
         fp.request("arrival")
         time.sleep(1.0)
         assert not _viewed(store, "a")
-        # leading again, but the worker then stalls: no renewal reaches the child
-        parent.lease = (3, time.monotonic() + 1.0)
+        # leading again, but the worker then stalls: no renewal reaches the child. The
+        # term must outlast the child's first pass on a loaded machine (1 s did not).
+        valid_until = time.monotonic() + 4.0
+        parent.lease = (3, valid_until)
         _eventually(lambda: _viewed(store, "a"))
-        time.sleep(1.2)  # the lease lapsed by the child's own clock
+        time.sleep(max(0.0, valid_until - time.monotonic()) + 0.2)  # lapsed by its own clock
         _place(store, "b")
         fp.request("arrival")
         time.sleep(1.0)
@@ -199,7 +205,10 @@ def test_a_child_that_dies_or_stalls_is_restarted_and_misses_nothing(
     """Stalls: a fault sweep SIGSTOPped the fabric child, and for 40 s a placed job
     got no circuits and a cancelled one kept its 16, while the worker stayed leader
     and ready (only a child that exits was noticed)."""
-    with fabric_process(sqlite_url, stall_s=2.0) as (fp, parent, store):
+    # a pass may take seconds on a loaded machine: a 2 s stall window killed the
+    # restarted child while it worked (its decisions came 7 s apart)
+    stall_s = 6.0
+    with fabric_process(sqlite_url, stall_s=stall_s) as (fp, parent, store):
         _place(store, "a")
         fp.request("arrival")
         _eventually(lambda: _viewed(store, "a"))
@@ -212,7 +221,7 @@ def test_a_child_that_dies_or_stalls_is_restarted_and_misses_nothing(
         _eventually(lambda: fp.restarts == 1 and fp.ready.is_set(), timeout_s=60)
         assert fp.pid != first and not _alive(first)
         _eventually(lambda: _viewed(store, "b"))  # the new child read the durable state
-        time.sleep(3 * 0.2 + 2.0)  # a live child's rounds keep it from being killed
+        time.sleep(3 * 0.2 + stall_s)  # a live child's rounds keep it from being killed
         assert fp.restarts == 1
 
 
