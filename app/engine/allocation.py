@@ -1348,26 +1348,41 @@ def turn_circuits_on_pool(
     pool: Iterable[tuple[str, str, str, int]], wanted: PodCircuits
 ) -> PodCircuits:
     """The circuits of `wanted` a turn on the pool makes at once, the pool's ports
-    counted per switch (a circuit joins two ports of one OXC), not per pod: `wanted`
-    when they all fit; else one on each pair some switch still joins (most wanted
-    first), then the rest in rounds. A pair no switch joins gets none (its traffic
-    waits until ports return, or relays)."""
-    pool_n = {(o, a, b): n for o, a, b, n in pool}
+    counted per switch (a circuit joins two ports of one OXC), not per pod
+    (`circuits_on_switches` on the pool's ports)."""
+    return circuits_on_switches(_pool_room({(o, a, b): n for o, a, b, n in pool}), wanted)
+
+
+def switch_room(oxc_ports: Iterable[tuple[str, str, int]]) -> dict[str, dict[str, int]]:
+    """OXC -> pod -> ports, from (oxc, pod, ports) (`JobAllocation.oxc_ports`)."""
+    room: dict[str, dict[str, int]] = defaultdict(dict)
+    for o, pod, n in oxc_ports:
+        room[o][pod] = n
+    return room
+
+
+def circuits_on_switches(room: Mapping[str, Mapping[str, int]], wanted: PodCircuits) -> PodCircuits:
+    """The circuits of `wanted` that ports counted per switch (`room`: OXC -> pod ->
+    ports) make at once, a circuit joining two ports of one OXC: `wanted` when they
+    all fit; else one on each pair some switch still joins (most wanted first), then
+    the rest in rounds. A pair no switch joins gets none (its traffic waits until
+    ports return, or relays). Plans counted per pod (a turn on the pool, one phase in
+    an isolated slice) may ask for more on a pair than any switch joins."""
     pairs = sorted(wanted.pairs(), key=lambda x: (-x[2], x[0], x[1]))
-    room = _pool_room(pool_n)
+    left_room: dict[str, dict[str, int]] = {o: defaultdict(int, pods) for o, pods in room.items()}
     got: dict[tuple[str, str], int] = defaultdict(int)
     left = list(pairs)
     while left:  # round by round: one more circuit on each pair that still fits
         nxt = []
         for a, b, n in left:
-            if got[(a, b)] < n and _take_roomiest(room, a, b) is not None:
+            if got[(a, b)] < n and _take_roomiest(left_room, a, b) is not None:
                 got[(a, b)] += 1
                 nxt.append((a, b, n))
         left = nxt
     if all(got[(a, b)] >= n for a, b, n in pairs):
         return wanted
     # the greedy choice of switch can strand a pair: an exact count per switch
-    if fits_on_switches(_pool_room(pool_n), {(a, b): n for a, b, n in pairs}):
+    if fits_on_switches(room, {(a, b): n for a, b, n in pairs}):
         return wanted
     return PodCircuits.from_pairs(wanted.pod_ids, ((a, b, n) for (a, b), n in got.items()))
 

@@ -56,10 +56,12 @@ from .allocation import (
     JobDemand,
     PortAllocation,
     allocate_ports,
+    circuits_on_switches,
     held_allocation,
     ideal_iteration_s,
     job_demand,
     slowdown_note,
+    switch_room,
 )
 from .circuits import PodCircuits, evaluate_circuits
 from .cluster import Cluster
@@ -248,6 +250,8 @@ class JobCycle:
     catalog: PlanCatalog = field(default_factory=PlanCatalog)
     demands: Mapping[str, DemandMatrix] = field(default_factory=dict)
     circuits: Mapping[str, PodCircuits] = field(default_factory=dict)  # own plan per plan id
+    # the allocation those own circuits were fitted to, switch by switch (`_refit`)
+    fitted_to: JobAllocation | None = None
     # the reported flows of the latest plans with circuits of their own (`FLOWS_KEPT`)
     flows: Mapping[str, tuple[Flow, ...]] = field(default_factory=dict)
     gains: Mapping[str, float] = field(default_factory=dict)  # held time / own time - 1
@@ -909,6 +913,13 @@ def _apply_deferred(
         ):
             state, made = _rewire(state, jf, HELD_PLAN, at_s, reason)
             refill.extend(made)
+    # the turn holder's turn began while these held the shared ports (mapped around
+    # them): it takes them now (a fuzzer: a turn holder held none of its 2 circuits
+    # once the job leaving them for its gap had gone)
+    holder = state.job_fabric(state.turn_order[0]) if state.turn_order else None
+    if holder is not None and holder.job_id not in held_back and _turn_short_of_plan(state, holder):
+        state, made = _rotate_to(state, holder.job_id, at_s, reason)
+        refill.extend(made)
     return state, decisions + tuple(routing) + tuple(refill)
 
 
@@ -918,6 +929,17 @@ def _short_of_plan(state: ControllerState, jf: JobFabric) -> bool:
         state.cluster, cross_connects_by_job(state.desired).get(jf.job_id, ()), jf.job_id
     )
     return any(not held.get(a, b) for a, b, _ in jf.plan.circuits.pairs())
+
+
+def _turn_short_of_plan(state: ControllerState, jf: JobFabric) -> bool:
+    """Does the job holding the shared ports' turn hold fewer circuits on some pair than
+    its plan names?"""
+    if jf.slice.mode != MODE_TIME_DIVISION or not jf.plan.circuits.total:
+        return False
+    held = realised_circuits(
+        state.cluster, cross_connects_by_job(state.desired).get(jf.job_id, ()), jf.job_id
+    )
+    return any(held.get(a, b) < n for a, b, n in jf.plan.circuits.pairs())
 
 
 def _jobs_changed(
@@ -1039,6 +1061,9 @@ def _observed(
         return state, ()  # not placed (yet, or any more): nothing to learn
     catalog, plan_id = classify_plan(cycle.catalog, e.demand)
     cycle = replace(cycle, catalog=catalog, last_plan=plan_id)
+    ja = state.allocation.job(e.job_id)
+    if cycle.fitted_to is not ja:
+        cycle = _refit(state.cluster, jf, cycle, ja)
     if plan_id not in cycle.demands:
         cycle = _learn_plan(state.cluster, jf, cycle, plan_id, e.demand, e.flows)
     started = e.started_at_s
@@ -1085,6 +1110,22 @@ def _observed(
     return _rewire(state, jf, target, e.at_s)
 
 
+def _refit(cluster: Cluster, jf: JobFabric, cycle: JobCycle, ja: JobAllocation | None) -> JobCycle:
+    """The plans whose own circuits the job's ports no longer make switch by switch,
+    learned again on its new allocation (learned on the ports it had, a rewiring for
+    one dropped what did not fit: a fuzzer's job rewired for one pair of pods got 1 of
+    its 4 circuits there, in place of a held topology of 3 circuits). Plans that still
+    fit are kept: an allocation that only grew leaves the job's topologies alone."""
+    cycle = replace(cycle, fitted_to=ja)
+    if ja is None or not cycle.circuits or jf.slice.mode != MODE_ISOLATED:
+        return cycle  # (per-phase circuits are an isolated slice's)
+    room = switch_room(ja.oxc_ports)
+    for plan_id, circuits in list(cycle.circuits.items()):
+        if circuits_on_switches(room, circuits) is not circuits:
+            cycle = _learn_plan(cluster, jf, cycle, plan_id, cycle.demands[plan_id])
+    return cycle
+
+
 def _learn_plan(
     cluster: Cluster,
     jf: JobFabric,
@@ -1094,7 +1135,9 @@ def _learn_plan(
     flows: tuple[Flow, ...] = (),
 ) -> JobCycle:
     """Remember a new plan's demand, its own circuits in the slice and what they gain
-    (and its reported flows, for the header of a rewiring to them)."""
+    (and its reported flows, for the header of a rewiring to them). The circuits are
+    those the job's ports make switch by switch (`cycle.fitted_to`'s), not only
+    per pod: a circuit joins two ports of one OXC."""
     demands = dict(cycle.demands)
     demands[plan_id] = demand
     circuits = dict(cycle.circuits)
@@ -1104,7 +1147,8 @@ def _learn_plan(
         budget = dict(jf.slice.pod_ports)
         matrix = _slice_matrix(demand, budget)
         if matrix is not None:
-            own = plan_topology(cluster, matrix, budget)
+            fit = cycle.fitted_to
+            own = plan_topology(cluster, matrix, budget, fit.oxc_ports if fit else None)
             held = evaluate_circuits(matrix, jf.plan.circuits, budget, cluster.nic_gbps)
             circuits[plan_id] = own.circuits
             gains[plan_id] = (
@@ -1302,6 +1346,13 @@ def _rewire(
     if ja is not None:
         allowed = Counter({(o, p): n for o, p, n in ja.oxc_ports}) | _pod_ports_of(cluster, mine)
     mapping = map_cross_connects(cluster, {jf.job_id: circuits}, mine, occupied, allowed)
+    if mapping.unmapped and target != HELD_PLAN:
+        # a phase's own circuits are planned on the ports its allocation makes switch by
+        # switch (`_learn_plan`), but others may hold some of them for now: installed
+        # short, a phase topology can serve it worse than the held one does
+        if cycle.target == HELD_PLAN:
+            return state, ()
+        return _rewire(state, jf, HELD_PLAN, at_s, reason)
     desired = tuple(sorted(others + mapping.cross_connects, key=lambda cc: cc.key))
     changes = diff_cross_connects(mine, mapping.cross_connects)
     if not changes:
@@ -1441,9 +1492,11 @@ def _turn_for_phase(
 
 
 def _rotate_to(
-    state: ControllerState, job_id: str, at_s: float
+    state: ControllerState, job_id: str, at_s: float, reason: str = "phase"
 ) -> tuple[ControllerState, tuple[Decision, ...]]:
-    """Give the turn on the shared ports to `job_id` (turn order rotated to it)."""
+    """Give the turn on the shared ports to `job_id` (turn order rotated to it); to the
+    job holding it: its turn's circuits mapped again, on ports freed since (its turn
+    goes on)."""
     order = state.turn_order
     fabric = state.fabric
     assert fabric is not None
@@ -1453,6 +1506,7 @@ def _rotate_to(
     leaving = order[0]
     if head is None:
         return state, ()
+    goes_on = leaving == head.job_id
     pair = (leaving, head.job_id)
     others = tuple(cc for cc in state.desired if cc.job_id not in pair)
     # the ports other jobs' changes wait for stay theirs (the two jobs' own waiting
@@ -1467,7 +1521,9 @@ def _rotate_to(
         state.cluster, {head.job_id: head.plan.circuits}, old, occupied, budget
     )
     desired = tuple(sorted(others + mapping.cross_connects, key=lambda cc: cc.key))
-    decisions = oxc_decisions(*changed_cross_connects(old, mapping.cross_connects), "phase")
+    decisions = oxc_decisions(*changed_cross_connects(old, mapping.cross_connects), reason)
+    if goes_on and not decisions:
+        return state, ()  # nothing freed that its turn can use
     # a change still waiting for either job's compute gap was planned before this turn:
     # what the two hold is decided here, so at that gap the holder keeps its turn's
     # circuits (they avoid every port the waiting changes need) and the job leaving
@@ -1478,17 +1534,19 @@ def _rotate_to(
         fabric=replace(fabric, time_division=rotated),
         desired=desired,
         pending=pending,
-        turn_started_s=at_s,
+        turn_started_s=state.turn_started_s if goes_on else at_s,
     )
     real = realised_circuits(state.cluster, mapping.cross_connects, head.job_id)
-    for jf_id, circuits in ((head.job_id, real), (leaving, PodCircuits((), ()))):
+    turns = {head.job_id: real} if goes_on else {head.job_id: real, leaving: PodCircuits((), ())}
+    for jf_id, circuits in turns.items():
         jf = state.job_fabric(jf_id)
         if jf is None:
             continue
         new_fabric, routing = _with_circuits(state, jf, circuits)
         state = replace(state, fabric=new_fabric)
-        decisions += [Decision("routing", jf_id, "phase", routing=r) for r in routing]
-    state = _record_installs(state, {head.job_id: HELD_PLAN, leaving: OFF_TURN}, at_s)
+        decisions += [Decision("routing", jf_id, reason, routing=r) for r in routing]
+    installs = {head.job_id: HELD_PLAN} if goes_on else {head.job_id: HELD_PLAN, leaving: OFF_TURN}
+    state = _record_installs(state, installs, at_s)
     return state, tuple(decisions)
 
 

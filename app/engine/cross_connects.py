@@ -237,7 +237,7 @@ def _map_exact(
     from scipy.optimize import Bounds, LinearConstraint, milp
 
     pairs = sorted({pair for job in need.values() for pair, n in job.items() if n > 0})
-    if not pairs:
+    if not pairs or not oxc_ids:
         return None
     wanted = [sum(job.get(pair, 0) for job in need.values()) for pair in pairs]
     nv = len(oxc_ids) * len(pairs)

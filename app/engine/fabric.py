@@ -41,8 +41,10 @@ from .allocation import (
 from .allocation import (
     JobAllocation,
     PortAllocation,
+    circuits_on_switches,
     map_allocation,
     pair_circuits,
+    switch_room,
     turn_circuits_on_pool,
 )
 from .circuits import CircuitPlan, PodCircuits, evaluate_circuits, plan_circuits
@@ -193,17 +195,36 @@ class Decision:
 
 
 def plan_topology(
-    cluster: Cluster, pod_demand: DemandMatrix, ports: Mapping[str, int] | None = None
+    cluster: Cluster,
+    pod_demand: DemandMatrix,
+    ports: Mapping[str, int] | None = None,
+    switch_ports: Iterable[tuple[str, str, int]] | None = None,
 ) -> CircuitPlan:
-    """The circuit plan for one phase's pod demand within `ports` (default: all uplinks)."""
+    """The circuit plan for one phase's pod demand within `ports` (default: all uplinks).
+
+    With `switch_ports` ((oxc, pod, ports): where those ports are), the circuits they
+    make switch by switch (`circuits_on_switches`): planned on ports counted per pod,
+    a pair may get more circuits than the ports of its pods on any one OXC join."""
     budget = dict(ports) if ports is not None else {p.id: p.uplink_ports for p in cluster.pods}
-    return plan_circuits(pod_demand, budget, cluster.nic_gbps)
+    plan = plan_circuits(pod_demand, budget, cluster.nic_gbps)
+    if switch_ports is None:
+        return plan
+    fits = circuits_on_switches(switch_room(switch_ports), plan.circuits)
+    if fits is plan.circuits:
+        return plan
+    return evaluate_circuits(pod_demand, fits, budget, cluster.nic_gbps)
 
 
-def phase_plan(cluster: Cluster, jf: JobFabric, pod_demand: DemandMatrix) -> CircuitPlan:
+def phase_plan(
+    cluster: Cluster,
+    jf: JobFabric,
+    pod_demand: DemandMatrix,
+    switch_ports: Iterable[tuple[str, str, int]] | None = None,
+) -> CircuitPlan:
     """One phase's own circuits inside the job's isolated slice: what rewiring for that
-    phase alone would install (planned on the pods the phase touches)."""
-    return plan_circuits(_restrict(pod_demand), dict(jf.slice.pod_ports), cluster.nic_gbps)
+    phase alone would install (planned on the pods the phase touches; with
+    `switch_ports`, its allocation's ports per OXC and pod, what those make)."""
+    return plan_topology(cluster, _restrict(pod_demand), dict(jf.slice.pod_ports), switch_ports)
 
 
 def _cross_pod_ports(

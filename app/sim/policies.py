@@ -485,7 +485,9 @@ def profile_optical(
     def own_circuits(name: str) -> PodCircuits:
         """The phase's own circuits in the slice (planned only when a policy uses them)."""
         if name not in own:
-            own[name] = phase_plan(cluster, jf, demand_of[name]).circuits
+            ja = state.allocation.job(job.job_id)
+            ports = ja.oxc_ports if ja is not None else None
+            own[name] = phase_plan(cluster, jf, demand_of[name], ports).circuits
         return own[name]
 
     def own_s(name: str) -> float:
