@@ -229,7 +229,9 @@ def test_a_stalled_leader_writes_nothing_after_it_is_replaced(stack: Stack) -> N
     # the API answered throughout, fast
     assert prober.count > 50
     assert not prober.failures, prober.failures[:5]
-    assert prober.slowest_s < 1.0, f"an API call took {prober.slowest_s:.2f} s"
+    # an API blocked on the frozen leader's locks waits out the whole freeze (5 s and
+    # more); a loaded CI machine answered one call in 0.89 s without any such block
+    assert prober.slowest_s < 3.0, f"an API call took {prober.slowest_s:.2f} s"
     assert took_s < 5 + 2 + 2, f"takeover took {took_s:.1f} s"
     client.close()
 
