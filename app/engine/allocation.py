@@ -1344,13 +1344,10 @@ def _turn_circuits(
     return {k: pool_have.get(k, 0) or (1 if k in hosted else 0) for k in w.bytes}
 
 
-def turn_circuits_on_pool(
-    pool: Iterable[tuple[str, str, str, int]], wanted: PodCircuits
-) -> PodCircuits:
-    """The circuits of `wanted` a turn on the pool makes at once, the pool's ports
-    counted per switch (a circuit joins two ports of one OXC), not per pod
-    (`circuits_on_switches` on the pool's ports)."""
-    return circuits_on_switches(_pool_room({(o, a, b): n for o, a, b, n in pool}), wanted)
+def pool_room(pool: Iterable[tuple[str, str, str, int]]) -> dict[str, dict[str, int]]:
+    """OXC -> pod -> ports, from the shared pool's (oxc, pod, pod, circuits)
+    (`PortAllocation.pool`): where a turn's circuits can go."""
+    return _pool_room({(o, a, b): n for o, a, b, n in pool})
 
 
 def switch_room(oxc_ports: Iterable[tuple[str, str, int]]) -> dict[str, dict[str, int]]:

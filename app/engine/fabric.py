@@ -44,8 +44,8 @@ from .allocation import (
     circuits_on_switches,
     map_allocation,
     pair_circuits,
+    pool_room,
     switch_room,
-    turn_circuits_on_pool,
 )
 from .circuits import CircuitPlan, PodCircuits, evaluate_circuits, plan_circuits
 from .cluster import Cluster
@@ -209,7 +209,19 @@ def plan_topology(
     plan = plan_circuits(pod_demand, budget, cluster.nic_gbps)
     if switch_ports is None:
         return plan
-    fits = circuits_on_switches(switch_room(switch_ports), plan.circuits)
+    return _on_switches(cluster, plan, pod_demand, budget, switch_room(switch_ports))
+
+
+def _on_switches(
+    cluster: Cluster,
+    plan: CircuitPlan,
+    pod_demand: DemandMatrix,
+    budget: Mapping[str, int],
+    room: Mapping[str, Mapping[str, int]],
+) -> CircuitPlan:
+    """`plan` (made on ports counted per pod) cut to the circuits `room`'s ports make
+    switch by switch (`circuits_on_switches`), evaluated again when cut."""
+    fits = circuits_on_switches(room, plan.circuits)
     if fits is plan.circuits:
         return plan
     return evaluate_circuits(pod_demand, fits, budget, cluster.nic_gbps)
@@ -457,9 +469,7 @@ def plan_fabric(
                 if allocation is not None and d.slice.mode == MODE_TIME_DIVISION:
                     # `budget` counts the pool's ports per pod; a turn's circuits are
                     # those the pool's ports make on each switch
-                    fits = turn_circuits_on_pool(allocation.pool, plan.circuits)
-                    if fits is not plan.circuits:
-                        plan = evaluate_circuits(demand, fits, budget, cluster.nic_gbps)
+                    plan = _on_switches(cluster, plan, demand, budget, pool_room(allocation.pool))
             d.plan = plan
         planned.append(d)
         job_id = d.job.job_id
