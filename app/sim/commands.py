@@ -240,4 +240,6 @@ def run_from_trace(
         err.print(f"error: cannot write {out_path}: {exc.strerror or exc}")
         return EXIT_BAD_INPUT
     err.print(f"wrote {count} jobs to {out_path}")
+    if jobs is not None and count < jobs:
+        err.print(f"note: --jobs {jobs} asked for more jobs than the trace holds ({count})")
     return EXIT_OK

@@ -337,13 +337,18 @@ def job_from_row(job_id: str, row: ModelRow, servers: int, order: int) -> Job:
 def read_trace_rows(path: Path) -> list[dict[str, str]]:
     """A CSV trace's rows; WorkloadError when it cannot be read as CSV text."""
     try:
-        with open(path, newline="") as f:
+        # utf-8-sig: a trace saved by a spreadsheet starts with a byte-order mark, which
+        # read as part of the first column's name ("expected columns" for a good header)
+        with open(path, newline="", encoding="utf-8-sig") as f:
             return list(csv.DictReader(f))
     except OSError as exc:
         raise WorkloadError(f"cannot read trace {path}: {exc.strerror or exc}") from exc
     except (UnicodeDecodeError, csv.Error) as exc:
         raise WorkloadError(f"cannot read trace {path}: not a CSV text file ({exc})") from exc
 
+
+# a trace job's GPUs: past any cluster's (seed-15k has 15,000), a typo rather than a job
+MAX_TRACE_GPUS = 1_000_000
 
 # the third-party conversion of the same Kalos jobs (data/traces/converted_kalos_trace.csv)
 _CONVERTED_COLUMNS = {"job_id", "arrival_time", "num_iteration", "gpu_workers", "gpu_per_worker"}
@@ -408,8 +413,9 @@ def from_kalos_trace(
             raise WorkloadError(f"{where}: arrival_s must be a number from 0 to {MAX_ARRIVAL_S:g}")
         if not (math.isfinite(duration) and duration > 0):
             raise WorkloadError(f"{where}: duration_s must be a finite number > 0")
-        if not (math.isfinite(gpus) and gpus >= 1):
-            raise WorkloadError(f"{where}: num_gpus must be at least 1")
+        if not (math.isfinite(gpus) and 1 <= gpus <= MAX_TRACE_GPUS):
+            # (a number of 400 digits reads as inf: "at least 1" did not say what was wrong)
+            raise WorkloadError(f"{where}: num_gpus must be a number from 1 to {MAX_TRACE_GPUS:,}")
         parsed.append((arrival, number, trace_id, duration, int(gpus)))
     parsed.sort()
     if jobs is not None:

@@ -202,6 +202,30 @@ def test_importer_errors(tmp_path: Path) -> None:
     bad.write_text(header + "j1,1e300,100,8\n")
     with pytest.raises(WorkloadError, match="arrival_s must be a number from 0 to"):
         from_kalos_trace(bad)
+    # 400 digits of GPUs read as inf, and the error said "at least 1"
+    bad.write_text(header + "j1,0,100," + "9" * 400 + "\n")
+    with pytest.raises(WorkloadError, match="num_gpus must be a number from 1 to 1,000,000"):
+        from_kalos_trace(bad)
+
+
+def test_a_trace_saved_with_a_byte_order_mark_imports(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A spreadsheet's CSV starts with a byte-order mark, which became part of the
+    first column's name: a good header was refused for its columns."""
+    trace = tmp_path / "bom.csv"
+    trace.write_text(
+        "job_id,arrival_s,duration_s,num_gpus\nj1,0,3600,16\nj2,60,600,8\n", "utf-8-sig"
+    )
+    assert trace.read_bytes().startswith(b"\xef\xbb\xbf")
+    jobs = from_kalos_trace(trace)
+    assert [j.job.job_id for j in jobs] == ["j1", "j2"]
+    assert [j.job.parallelism.servers for j in jobs] == [2, 1]
+    # asking for more jobs than it holds writes what it holds and says so
+    out = tmp_path / "w.jsonl"
+    assert run_from_trace(str(trace), str(out), 5, 0) == 0
+    assert len(out.read_text().splitlines()) == 2
+    assert "asked for more jobs than the trace holds (2)" in capsys.readouterr().err
 
 
 def test_imported_trace_jobs_fit_gpu_memory_as_megatron_ran_them() -> None:
