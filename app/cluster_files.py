@@ -10,7 +10,7 @@ import dataclasses
 import json
 from pathlib import Path
 
-from app.engine.cluster import PRESETS, Cluster, cluster_from_dict, preset
+from app.engine.cluster import MAX_RECONFIG_MS, PRESETS, Cluster, cluster_from_dict, preset
 
 
 class ConfigError(Exception):
@@ -36,8 +36,10 @@ def load_cluster(name_or_file: str, reconfig_ms: float | None = None) -> Cluster
     `reconfig_ms` (LIGHTPATH_RECONFIG_MS when set) overrides every OXC's
     reconfiguration latency, a file's as well as a preset's; None keeps theirs.
     """
-    if reconfig_ms is not None and reconfig_ms < 0:
-        raise ConfigError("the reconfiguration latency must be >= 0 ms")
+    if reconfig_ms is not None and not 0 <= reconfig_ms <= MAX_RECONFIG_MS:  # NaN fails too
+        raise ConfigError(
+            f"the reconfiguration latency must be from 0 to {MAX_RECONFIG_MS:,.0f} ms"
+        )
     if name_or_file in PRESETS:
         return preset(name_or_file, reconfig_ms=reconfig_ms)
     path = Path(name_or_file)

@@ -13,6 +13,7 @@ from urllib.parse import urlsplit
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from app.engine.cluster import MAX_RECONFIG_MS
 from app.engine.memory import DEFAULT_ZERO_STAGE
 from app.engine.placement import OPTICAL_EXTRA_PODS
 from app.engine.queue import QueuePolicy
@@ -52,7 +53,7 @@ class Settings(BaseSettings):
         "its circuits need (each pod a ring passes through takes circuits); 0 on a cluster "
         "whose pods have fewer uplinks than servers; `none`: no limit",
     )
-    reconfig_ms: float = Field(25.0, ge=0)
+    reconfig_ms: float = Field(25.0, ge=0, le=MAX_RECONFIG_MS)
     mock_fault_rate: float = Field(0.0, ge=0, le=1)
     mock_fault_seed: int = 0
     predictor: Literal["seed", "lightpath"] = "lightpath"

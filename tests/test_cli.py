@@ -120,6 +120,9 @@ def test_unknown_algorithm_is_refused() -> None:
                           "--policy", "ideal", "--out", "afile"]),
         ({}, ["simulate", "--cluster", "small", "--workload", "w.jsonl", "--policy", "ideal",
               "--reconfig-ms", "nan"]),
+        # past an hour (1e18 ms ran lightpath as if every circuit were already there)
+        ({}, ["simulate", "--cluster", "small", "--workload", "w.jsonl", "--policy", "ideal",
+              "--reconfig-ms", "1e18"]),
         ({}, ["simulate", "--cluster", "small", "--workload", "w.jsonl",
               "--compare", "ideal,ideal"]),
         ({}, ["simulate", "--cluster", "small", "--workload", "w.jsonl",

@@ -53,6 +53,7 @@ def test_a_cluster_file_round_trips_through_the_api_shape(tmp_path: Path) -> Non
         (lambda d: d["oxcs"][0].update({"latency_ms": 5}), "OXC oxc-0 has an unknown field"),
         (lambda d: d.update({"pod": []}), "the cluster has an unknown field 'pod'"),
         (lambda d: d["oxcs"][0].update({"reconfig_ms": -5}), "reconfig_ms"),
+        (lambda d: d["oxcs"][0].update({"reconfig_ms": 1e18}), "from 0 to 3,600,000"),
         (lambda d: d.update({"nic_gbps": float("nan")}), "must be finite numbers above 0"),
         (lambda d: d.update({"nic_gbps": float("inf")}), "must be finite numbers above 0"),
         # types as the file states them, not coerced
@@ -135,8 +136,10 @@ def test_reconfig_ms_overrides_a_cluster_file_only_when_given(tmp_path: Path) ->
     assert load_cluster(str(path), 40.0).gpu_model == "b200"
     assert load_cluster(str(path), 40.0).server_ids == preset("small").server_ids
     assert load_cluster("small", 3.0).reconfig_ms == 3.0
-    with pytest.raises(ConfigError, match=">= 0"):
+    with pytest.raises(ConfigError, match="from 0 to 3,600,000 ms"):
         load_cluster(str(path), -1.0)
+    with pytest.raises(ConfigError, match="from 0 to 3,600,000 ms"):
+        load_cluster("small", 1e18)
 
 
 def test_loading_a_cluster_imports_neither_the_service_nor_numpy(tmp_path: Path) -> None:

@@ -16,6 +16,10 @@ from typing import Any
 
 GPUS_PER_SERVER = 8
 NIC_GBPS = 400.0
+# an OXC reconfiguration past an hour is a unit mistake, not a switch (MEMS switches take
+# 10-100 ms, robotic patch panels minutes); simulated times near 1e18 ms lose the
+# sub-second resolution every phase's timing needs
+MAX_RECONFIG_MS = 3_600_000.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -383,8 +387,8 @@ def cluster_from_dict(data: Mapping[str, Any], name: str = "custom") -> Cluster:
             raise ValueError(f"{kind} id {twice[0]} appears more than once")
     if gpus <= 0 or not 0 < nic < math.inf:  # NaN fails too
         raise ValueError("gpus_per_server and nic_gbps must be finite numbers above 0")
-    if any(not 0 <= o.reconfig_ms < math.inf for o in oxcs):
-        raise ValueError("an OXC's reconfig_ms must be a finite number >= 0")
+    if any(not 0 <= o.reconfig_ms <= MAX_RECONFIG_MS for o in oxcs):
+        raise ValueError(f"an OXC's reconfig_ms must be a number from 0 to {MAX_RECONFIG_MS:,.0f}")
     for p in pods:  # NaN fails these too
         if not (0 <= p.electrical_gbps < math.inf and 0 <= p.aggregator_gbps < math.inf):
             raise ValueError(

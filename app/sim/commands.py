@@ -21,6 +21,7 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
+from app.engine.cluster import MAX_RECONFIG_MS
 from app.engine.gpu_profiles import gpu_profile
 from app.engine.memory import DEFAULT_ZERO_STAGE
 
@@ -86,8 +87,8 @@ def run_simulate(
             f"error: unknown policy {', '.join(unknown) or '(none)'}; known: {', '.join(POLICIES)}"
         )
         return EXIT_BAD_INPUT
-    if reconfig_ms is not None and not (math.isfinite(reconfig_ms) and reconfig_ms >= 0):
-        err.print("error: the reconfiguration latency must be a finite number >= 0 ms")
+    if reconfig_ms is not None and not 0 <= reconfig_ms <= MAX_RECONFIG_MS:  # NaN fails too
+        err.print(f"error: the reconfiguration latency must be from 0 to {MAX_RECONFIG_MS:,.0f} ms")
         return EXIT_BAD_INPUT
     if seeds < 1:
         err.print("error: --seeds must be at least 1")

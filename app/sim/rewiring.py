@@ -22,6 +22,7 @@ Pure; no I/O.
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -38,8 +39,6 @@ from app.engine.rewiring_rules import HELD_TOPOLOGY, reactive_iteration
 from app.engine.traffic import DemandMatrix
 
 MAX_WARMUP_ITERATIONS = 64
-# a phase shifted to start once the switches confirm starts this much after them
-_AFTER_CONFIRMATION_S = 1e-9
 _STEADY_REPEATS = 3
 
 
@@ -212,7 +211,13 @@ def walk_controller(
     first_offset = min(p.offset_s for p in busy)
     wait = max(0.0, latency - first_offset)
     if wait > 0:
-        start_s += wait + _AFTER_CONFIRMATION_S
+        # the first phase at the confirmation or the first instant after it (a confirmation
+        # sorts first at the same instant): a fixed 1e-9 s after it vanished into the
+        # rounding of arrivals past 1e7 s, and the phase came before the confirmation
+        confirmed = start_s + latency
+        start_s = confirmed - first_offset
+        while start_s + first_offset < confirmed:
+            start_s = math.nextafter(start_s, math.inf)
     limit = min(iterations, MAX_WARMUP_ITERATIONS) if detect_steady else iterations
     warm: list[IterationCost] = []
     topologies: tuple[str, ...] = ()

@@ -109,10 +109,10 @@ class JobResult:
         if self.start_s is None or self.end_s is None or self.ideal_iteration_s <= 0:
             return None
         ratio = (self.end_s - self.start_s) / self.iterations / self.ideal_iteration_s
-        # (end - start) / iterations rounds: the ideal fabric read 0.9999999999999928;
-        # no policy is faster than the ideal, so rounding below 1 is 1 (a real shortfall,
-        # which would be a bug, is still shown)
-        return 1.0 if 1.0 - 1e-9 < ratio < 1.0 else ratio
+        # (end - start) / iterations rounds: the ideal fabric read 0.9999999999999928, and
+        # 1.0000000000271798 for a job arriving at 3.1e9 s; within 1e-9 of 1 is 1 (a real
+        # shortfall, which would be a bug, is still shown)
+        return 1.0 if abs(ratio - 1.0) < 1e-9 else ratio
 
 
 @dataclass

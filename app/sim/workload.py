@@ -144,11 +144,12 @@ def read_workload(path: str | Path) -> list[WorkloadJob]:
     A path ending in `.gz` is read through gzip."""
     p = Path(path)
     try:
+        # utf-8-sig: a byte-order mark (as some editors write) is not part of line 1
         if p.suffix == ".gz":
-            with gzip.open(p, "rt") as f:
+            with gzip.open(p, "rt", encoding="utf-8-sig") as f:
                 text = f.read()
         else:
-            text = p.read_text()
+            text = p.read_text(encoding="utf-8-sig")
     except OSError as exc:
         raise WorkloadError(f"cannot read workload {p}: {exc.strerror or exc}") from exc
     except (EOFError, UnicodeDecodeError) as exc:  # a truncated gzip, or not text

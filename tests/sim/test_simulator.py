@@ -10,7 +10,7 @@ from app.engine.job import Collective, ComputeTimes, Job, ModelFacts, Parallelis
 from app.sim.policies import POLICIES
 from app.sim.report import SUMMARY_FIELDS, summarize
 from app.sim.simulator import simulate
-from app.sim.workload import WorkloadJob
+from app.sim.workload import WorkloadJob, parse_workload_job
 from tests.support import narrow_cluster
 
 ALPHA = 14e-6  # NCCL NET/Ring/Simple, the engine's ALPHA_RING_S
@@ -235,3 +235,29 @@ def test_a_run_where_no_job_ran_reports_null_not_zero():
         "mean_network_share",
     ):
         assert summary[key] is None, key
+
+
+@pytest.mark.parametrize("shift", [1e8, 3.1e9])
+def test_a_workload_scores_the_same_whenever_it_arrives(shift):
+    """Arrivals up to 3.2e9 s are valid, but the first phase after the placement install
+    started 1e-9 s after the switches confirmed it, an offset that rounds away past 1e7
+    s: the phase came before the confirmation (a third job read 2 misses where it had
+    1). Shifted by `shift`, the same workload reads the same counts and slowdowns (to
+    the resolution of its times)."""
+    z = {"parameters": 7e9, "bytes_per_parameter": 2, "activation_bytes": 5e7, "microbatches": 8}
+    bodies = [
+        {"job_id": "x", "parallelism": {"dp": 12, "pp": 1}, "arrival_s": 0, "iterations": 1000},
+        {"job_id": "y", "parallelism": {"dp": 4, "pp": 3}, "arrival_s": 1, "iterations": 1000},
+        {"job_id": "z", "parallelism": {"dp": 2, "pp": 6}, "model": z, "arrival_s": 1.37,
+         "iterations": 1000},
+    ]  # fmt: skip
+    jobs = [parse_workload_job(b, f"line {n}", n) for n, b in enumerate(bodies)]
+    late = [WorkloadJob(w.job, w.arrival_s + shift, w.iterations) for w in jobs]
+    cluster = preset("small")
+    for policy in ("ideal", "lightpath"):
+        early_run, late_run = (simulate(cluster, w, policy) for w in (jobs, late))
+        for a, b in zip(early_run.jobs, late_run.jobs, strict=True):
+            assert (a.hits, a.held, a.misses) == (b.hits, b.held, b.misses), (policy, a.job_id)
+            assert b.exposed_s == pytest.approx(a.exposed_s, rel=1e-6, abs=1e-9)
+            # (times of 3.1e9 s are kept to 5e-7 s: a 50 s job's slowdown to 1e-8)
+            assert b.slowdown == pytest.approx(a.slowdown, rel=1e-7)

@@ -54,6 +54,21 @@ def test_reads_a_valid_line_and_round_trips(tmp_path: Path) -> None:
     ]
 
 
+def test_a_workload_with_a_byte_order_mark_reads_as_without(tmp_path: Path) -> None:
+    """Some editors start a UTF-8 file with a byte-order mark: line 1 was refused
+    ("Unexpected UTF-8 BOM"), gzipped or not."""
+    plain = read_workload(_write(tmp_path, GOOD))
+    marked = tmp_path / "bom.jsonl"
+    marked.write_text(json.dumps(GOOD) + "\n", encoding="utf-8-sig")
+    packed = tmp_path / "bom.jsonl.gz"
+    with gzip.open(packed, "wt", encoding="utf-8-sig") as f:
+        f.write(json.dumps(GOOD) + "\n")
+    for path in (marked, packed):
+        assert [workload_job_to_dict(j) for j in read_workload(path)] == [
+            workload_job_to_dict(j) for j in plain
+        ]
+
+
 def test_every_field_of_the_api_body_is_a_workload_field(tmp_path: Path) -> None:
     """The contract's own example body (lease, walltime, schedule, an RFC 3339
     deadline) plus arrival_s and iterations is a workload line."""
