@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 import time
+from collections.abc import Iterator
 
 import httpx
 import uvicorn
@@ -86,3 +88,15 @@ class LiveServer:
             self._thread.join(timeout=10)
         if self.runtime is not None:
             self.runtime.stop()
+
+
+@contextlib.contextmanager
+def live_on(settings: Settings, cluster: str) -> Iterator[LiveServer]:
+    """A live server on `settings` with `cluster` (a preset name or a cluster file),
+    stopped on leaving: a restart onto another cluster is two of these in turn."""
+    live = LiveServer(settings.model_copy(update={"cluster": cluster}))
+    live.start()
+    try:
+        yield live
+    finally:
+        live.stop()

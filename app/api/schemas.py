@@ -319,7 +319,12 @@ class AdviceModelIn(ModelIn):
 
 
 class AdviceParallelismIn(StrictModel):
-    tp: Degree = 1
+    # a job body has no `tp`: admission runs tensor parallelism across a server's GPUs,
+    # and so does the advice unless told otherwise (it assumed 1: a 13B job advised
+    # "does not fit" at 256 GB was admitted)
+    tp: Degree | None = Field(
+        None, description="tensor-parallel degree; default: the cluster's GPUs per server"
+    )
     pp: Degree = 1
     dp: Degree = 1
     ep: Degree = 1

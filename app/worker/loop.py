@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from app.bus.errors import BusUnavailable
+from app.bus.errors import BusError
 from app.bus.messages import AdmitJob, CompleteJob, Delivery, JobsChanged, Message, ReportTraffic
 from app.bus.outage import OutageLog
 from app.engine.cluster import Cluster
@@ -346,7 +346,10 @@ class Worker:
             try:
                 deliveries = self.bus.consume(self.settings.worker_tick_s)
                 outage.ok()
-            except BusUnavailable as exc:
+            except BusError as exc:
+                # unreachable, or refusing us (wrong credentials, a Redis out of memory):
+                # the loop died and restarted for ever on the latter, and nothing was
+                # admitted while the API went on accepting jobs
                 outage.failed(exc)
                 stop.wait(self.settings.worker_tick_s)
                 deliveries = []

@@ -133,6 +133,16 @@ class SwitchController:
                     if saved.get(o, ConfirmedOxc(o, frozenset(), frozenset()))
                     != ConfirmedOxc(o, c.cross_connects, c.failed_ports)
                 ]
+                if full:
+                    # a switch the cluster no longer has (restarted on another cluster
+                    # file) is not ours to read or drive: its last read is forgotten
+                    # (it stayed in the table, and `/v1/topology` answered 500)
+                    ours = {o.id for o in self.cluster.oxcs}
+                    changed += [
+                        ConfirmedOxc(o, frozenset(), frozenset())
+                        for o, c in saved.items()
+                        if o not in ours and (c.cross_connects or c.failed_ports)
+                    ]
                 if changed:  # only the switches whose read-back changed, only their ports
                     self.repo.save_confirmed(changed, previous=saved)
                 self._saved = {**saved, **{c.oxc_id: c for c in changed}}

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from app.engine.cluster import cluster_to_dict
+from app.engine.cluster import cluster_to_dict, preset
 from app.settings import Settings
-from tests.support import LiveServer, narrow_cluster
+from tests.support import LiveServer, live_on, narrow_cluster
 
 
 def eventually(check: Callable[[], Any], timeout_s: float = 15.0) -> Any:
@@ -314,3 +314,37 @@ def test_a_job_stating_the_largest_numbers_leaves_every_job_served(server: LiveS
             assert slowdown is None or slowdown >= 1.0
         nxt = c.get("/v1/jobs/next").json()
         assert nxt["network"]["mode"] != "none" and nxt["collective"]
+
+
+def test_a_restart_on_a_cluster_without_a_switch_forgets_what_it_held(
+    settings: Settings, tmp_path: Path
+) -> None:
+    """Restarted on a cluster file whose switches are named otherwise, the state still
+    held the old switches' confirmed cross-connects: `/v1/topology` answered 500 on
+    every call (a helper's restart from one cluster file to another), and the worker
+    never dropped them. The view shows them until the worker's next full pass forgets
+    a switch the cluster no longer has; the job is rewired onto the new switches."""
+    data = cluster_to_dict(preset("small"))
+    for oxc in data["oxcs"]:
+        oxc["id"] = "old-" + oxc["id"]
+    path = tmp_path / "renamed.json"
+    path.write_text(json.dumps(data))
+    with live_on(settings, str(path)) as before, before.client() as c:
+        r = c.post("/v1/jobs", json={"job_id": "wide", "parallelism": {"dp": 8, "pp": 2}})
+        assert r.status_code == 201, r.text
+        eventually(lambda: _cross_connects(c.get("/v1/topology").json(), "wide"))
+    with live_on(settings, "small") as after, after.client() as c:
+        first = c.get("/v1/topology")
+        assert first.status_code == 200, first.text
+        topo = eventually(
+            lambda: (
+                (t := c.get("/v1/topology").json())
+                and not any(o["id"].startswith("old-") for o in t["oxcs"])
+                and "desired" not in t
+                and _cross_connects(t, "wide")
+                and t
+            ),
+            timeout_s=30.0,
+        )
+        assert {o for o, _, _ in _cross_connects(topo)} <= {x.id for x in preset("small").oxcs}
+        assert c.get("/v1/jobs/wide").json()["state"] == "placed"

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import concurrent.futures as cf
+import json
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from app.engine.cluster import build_cluster, cluster_to_dict
 from app.engine.queue import QueuePolicy
 from app.settings import Settings
-from tests.support import LiveServer
+from tests.support import LiveServer, live_on
 
 SMALL_SERVERS = 32  # preset small: 4 pods x 2 ToRs x 4 servers
 
@@ -357,3 +360,29 @@ def test_serve_talks_over_redis_streams_when_redis_is_configured(
         assert groups[0]["entries-read"] >= 1
     finally:
         live.stop()
+
+
+def test_a_job_stored_on_a_larger_cluster_is_answered_as_it_stands(
+    settings: Settings, tmp_path: Path
+) -> None:
+    """Restarted on a smaller cluster, a job the state holds could no longer fit: its
+    identical submit answered 422 `never-fits` before the id was looked up, where
+    the contract answers 200 with the job (409 for another body). A new id that
+    cannot fit is still 422."""
+    big = build_cluster(
+        "big", pods=8, tors_per_pod=2, servers_per_tor=4, uplink_ports_per_pod=8, oxcs=2,
+        oxc_ports=32,
+    )  # fmt: skip
+    path = tmp_path / "big.json"
+    path.write_text(json.dumps(cluster_to_dict(big)))
+    body = {"job_id": "wide", "parallelism": {"dp": 40, "pp": 1}}
+    with live_on(settings, str(path)) as before, before.client() as c:
+        assert c.post("/v1/jobs", json=body).status_code in (201, 202)
+    with live_on(settings, "small") as after, after.client() as c:
+        again = c.post("/v1/jobs", json=body)
+        assert again.status_code == 200, again.text
+        assert again.json()["job_id"] == "wide"
+        other = c.post("/v1/jobs", json={**body, "priority": 3})
+        assert other.status_code == 409, other.text
+        new = c.post("/v1/jobs", json={**body, "job_id": "wider"})
+        assert new.status_code == 422 and new.json()["type"].endswith("never-fits")

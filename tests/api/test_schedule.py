@@ -111,6 +111,36 @@ def test_batch_size_advice_and_admission_draw_the_same_line(server: LiveServer) 
         _admits_up_to(c, model, b, "line")
 
 
+def test_advice_without_tp_assumes_the_servers_gpus_as_admission_does(server: LiveServer) -> None:
+    """A job body has no `tp`: admission runs tensor parallelism across a server's GPUs,
+    while the advice assumed tp 1, so a 13B job at pp 2 was advised "does not fit"
+    (256 GB) and then admitted. Without `tp` the advice is the one for tp = GPUs per
+    server, and the job it says fits is admitted."""
+    model = {
+        "parameters": 13_000_000_000,
+        "bytes_per_parameter": 2,
+        "hidden_size": 5120,
+        "num_layers": 40,
+        "seq_len": 2048,
+        "microbatches": 8,
+    }
+    split = {"pp": 2, "dp": 2, "ep": 1}
+    gpus = preset("small").gpus_per_server
+    with server.client() as c:
+        plain = c.post("/v1/advice/batch-size", json={"model": model, "parallelism": split})
+        stated = c.post(
+            "/v1/advice/batch-size", json={"model": model, "parallelism": split | {"tp": gpus}}
+        )
+        assert plain.status_code == stated.status_code == 200, plain.text
+        assert plain.json() == stated.json() and plain.json()["fits"], plain.json()
+        one = c.post(
+            "/v1/advice/batch-size", json={"model": model, "parallelism": split | {"tp": 1}}
+        )
+        assert not one.json()["fits"]  # tp 1 stated is still tp 1
+        r = c.post("/v1/jobs", json={"job_id": "adv-13b", "parallelism": split, "model": model})
+        assert r.status_code in (201, 202), r.text
+
+
 def test_advice_takes_a_job_bodys_model_and_the_clusters_gpu_memory(server: LiveServer) -> None:
     """Advice refused a job body's `activation_bytes` and `microbatch_size`, jobs refused
     advice's `attention_heads`, and advice required `gpu_memory_bytes`: a launcher could

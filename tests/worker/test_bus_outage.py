@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from app.bus import InProcessBus
-from app.bus.errors import BusUnavailable
+from app.bus.errors import BusError, BusUnavailable
 from app.bus.messages import AdmitJob, Delivery
 from app.settings import Settings
 from app.store import Store
@@ -27,16 +27,18 @@ from tests.worker.test_memory import SMALL, BlockedFabric, _submit, running
 
 
 class FlakyBus(InProcessBus):
-    """The in-process bus, unreachable while `down` is set (as Redis is when it stops)."""
+    """The in-process bus, unreachable while `down` is set (as Redis is when it stops),
+    or refusing with `error` (as Redis does a wrong password)."""
 
-    def __init__(self) -> None:
+    def __init__(self, error: BusError | None = None) -> None:
         super().__init__()
         self.down = threading.Event()
         self.consumed_up = threading.Event()
+        self.error = error or BusUnavailable("consume: redis unavailable: connection refused")
 
     def consume(self, timeout_s: float) -> list[Delivery]:
         if self.down.is_set():
-            raise BusUnavailable("consume: redis unavailable: connection refused")
+            raise self.error
         got = super().consume(timeout_s)
         if got:
             self.consumed_up.set()
@@ -60,10 +62,19 @@ def _worker(store: Store, bus: InProcessBus) -> Worker:
     return Worker(store, bus, SMALL, settings, driver=fabric, metrics=WorkerMetrics())  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize(
+    "error",
+    [
+        BusUnavailable("consume: redis unavailable: connection refused"),
+        # a helper's run with a wrong Redis password: the loop died and restarted for
+        # ever, and the job stayed queued on an empty cluster
+        BusError("consume: redis refused the credentials: invalid password"),
+    ],
+)
 def test_the_worker_schedules_from_the_database_while_the_bus_is_down_and_resumes(
-    store: Store, caplog: pytest.LogCaptureFixture
+    store: Store, caplog: pytest.LogCaptureFixture, error: BusError
 ) -> None:
-    bus = FlakyBus()
+    bus = FlakyBus(error)
     bus.down.set()
     worker = _worker(store, bus)
     with caplog.at_level("WARNING", logger="lightpath.worker"), running(worker):

@@ -62,8 +62,8 @@ async def advise_batch_size(
     memory), `activations_known: false` and a `detail` naming the missing facts.
     """
     m, par = body.model, body.parallelism
-    # the job this model and split describe, judged as admission judges it (TP given here,
-    # the server's GPUs there)
+    # the job this model and split describe, judged as admission judges it (TP across the
+    # server's GPUs unless the body says otherwise)
     job = Job(
         "advice",
         Parallelism(dp=par.dp, pp=par.pp, ep=par.ep),
@@ -71,7 +71,8 @@ async def advise_batch_size(
         schedule=PipelineSchedule(body.schedule),
     )
     zero_stage = m.zero_stage if m.zero_stage is not None else services.settings.default_zero_stage
-    setup = setup_for_job(job, tp=par.tp, zero_stage=zero_stage)
+    tp = par.tp if par.tp is not None else services.cluster.gpus_per_server
+    setup = setup_for_job(job, tp=tp, zero_stage=zero_stage)
     assert setup is not None  # parameters are required here
     gpu_memory = body.gpu_memory_bytes or gpu_memory_bytes(services)
     with numbers_in_range():

@@ -127,8 +127,8 @@ def topology_view(services: Services) -> dict[str, Any]:
         for a, b in c.cross_connects
     ]
     confirmed_pairs: dict[str, list[tuple[int, int, str | None]]] = {o.id: [] for o in cluster.oxcs}
-    for cc in confirmed_ccs:
-        confirmed_pairs[cc.oxc_id].append((cc.port_a, cc.port_b, cc.job_id or None))
+    for cc in confirmed_ccs:  # a switch the cluster lost is shown until the worker forgets it
+        confirmed_pairs.setdefault(cc.oxc_id, []).append((cc.port_a, cc.port_b, cc.job_id or None))
     health = repo.fact("switches") or {}
     oxcs = _oxc_view(confirmed_pairs, health)
     body: dict[str, Any] = {
@@ -147,7 +147,7 @@ def topology_view(services: Services) -> dict[str, Any]:
             o.id: [] for o in cluster.oxcs
         }
         for cc in desired:
-            desired_pairs[cc.oxc_id].append((cc.port_a, cc.port_b, cc.job_id))
+            desired_pairs.setdefault(cc.oxc_id, []).append((cc.port_a, cc.port_b, cc.job_id))
         body["desired"] = {
             "pod_circuits": realised_circuits(cluster, desired).to_dict(),
             "oxcs": _oxc_view(desired_pairs),

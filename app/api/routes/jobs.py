@@ -211,24 +211,15 @@ async def submit_job(
     body = job.stored_body()
     digest = body_hash(body)
     engine_job = job_from_body(job.job_id, body, 0)
-    reasons = never_fits(services.cluster, engine_job)
-    if reasons:
-        raise Problem(
-            422,
-            "Job can never fit",
-            "; ".join(reasons),
-            kind="never-fits",
-            extra={
-                "reasons": list(reasons),
-                "errors": [
-                    {"field": "body.parallelism", "message": r, "type": "never_fits"}
-                    for r in reasons
-                ],
-                "servers_needed": engine_job.servers_needed,
-                "cluster_servers": services.cluster.server_count,
-            },
-        )
-    refuse_if_out_of_memory(services, engine_job)
+    try:
+        _refuse_if_it_cannot_run(services, engine_job)
+    except Problem:
+        # a job stored before (on a larger cluster: the service restarted on another
+        # file) is answered as it stands, as any submit of an existing id is
+        existing = await run_in_threadpool(services.store.get_job, job.job_id)
+        if existing is None:
+            raise
+        return _resubmitted(existing, digest, request, scope)
     # subscribed before the write: the worker may place the job before we wait
     sender = services.direct_sender()
     started = time.perf_counter()
@@ -247,15 +238,7 @@ async def submit_job(
             )
         )
         if not created:
-            _refuse_foreign(record, request, scope)
-            if record.body_hash != digest:
-                raise Problem(
-                    409,
-                    "Job id in use",
-                    f"job {job.job_id} exists with a different body; choose a new job_id",
-                    kind="conflict",
-                )
-            return JSONResponse(render_job(record), status_code=200)
+            return _resubmitted(record, digest, request, scope)
         if sender is None:
             services.kick_relay()
         stored = time.perf_counter()
@@ -280,6 +263,43 @@ async def submit_job(
             f"decide;dur={(decided - stored) * 1000:.1f}",
         },
     )
+
+
+def _refuse_if_it_cannot_run(services: Services, engine_job: Job) -> None:
+    """422 for a job this cluster can never hold, or whose stated plan cannot fit GPU
+    memory."""
+    reasons = never_fits(services.cluster, engine_job)
+    if reasons:
+        raise Problem(
+            422,
+            "Job can never fit",
+            "; ".join(reasons),
+            kind="never-fits",
+            extra={
+                "reasons": list(reasons),
+                "errors": [
+                    {"field": "body.parallelism", "message": r, "type": "never_fits"}
+                    for r in reasons
+                ],
+                "servers_needed": engine_job.servers_needed,
+                "cluster_servers": services.cluster.server_count,
+            },
+        )
+    refuse_if_out_of_memory(services, engine_job)
+
+
+def _resubmitted(record: JobRecord, digest: str, request: Request, scope: Any) -> JSONResponse:
+    """A submit of an id already stored: 200 with the job as it stands for the same body,
+    403 to another launcher, 409 for a different body."""
+    _refuse_foreign(record, request, scope)
+    if record.body_hash != digest:
+        raise Problem(
+            409,
+            "Job id in use",
+            f"job {record.job_id} exists with a different body; choose a new job_id",
+            kind="conflict",
+        )
+    return JSONResponse(render_job(record), status_code=200)
 
 
 async def _first_decision(
