@@ -55,6 +55,7 @@ from .collective import (
 )
 from .job import Collective, Job, Placement, Unit, Unplaceable
 from .memo import IdentityMemo, scratch
+from .memory import check_job_memory
 from .traffic import ALGO_INC, ALGO_RING, ALGO_TREE, resolve_facts
 
 NEVER_TOO_MANY_SERVERS = "needs more servers than the cluster has"
@@ -151,6 +152,21 @@ def never_fits(cluster: Cluster, job: Job) -> tuple[str, ...]:
         ):
             reasons.append(NEVER_PODS_NOT_JOINED)
     return tuple(reasons)
+
+
+def refusals(
+    cluster: Cluster, job: Job, gpu_memory_bytes: float, zero_stage: int
+) -> tuple[str, ...]:
+    """Why admission refuses the job for good, as `POST /v1/jobs` does (empty: it may
+    run): it never fits the cluster, or its stated plan does not fit GPU memory with
+    tensor parallelism across a server's GPUs."""
+    reasons = never_fits(cluster, job)
+    if reasons:
+        return reasons
+    memory = check_job_memory(
+        job, gpu_memory_bytes, tp=cluster.gpus_per_server, zero_stage=zero_stage
+    )
+    return memory.reasons if memory is not None and not memory.fits else ()
 
 
 def _joined_enough(cluster: Cluster, job: Job) -> bool:

@@ -41,7 +41,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from app.engine.cluster import Cluster
+from app.engine.gpu_profiles import gpu_profile
 from app.engine.job import Job, ModelFacts, Parallelism
+from app.engine.memory import DEFAULT_ZERO_STAGE
+from app.engine.placement import refusals
 
 from .timing import ideal_iteration_estimate_s
 from .workload import (
@@ -65,6 +68,8 @@ MAX_DURATION_S = 48 * 3600.0
 FAMILY_GPU = {"comm-heavy": "b200", "fleet": "b200", "fleet-stress": "b200"}
 STRESS_SERVERS = (1, 2, 4, 4, 8, 8, 16, 16)
 STRESS_RUN_S = (3600.0, 6 * 3600.0)
+# draws for a job the cluster would refuse before the family is said not to fit it
+REDRAWS = 100
 # Every family's jobs run as Megatron-LM runs them: `workload.MEGATRON_SCHEDULE`,
 # with activation recomputation.
 
@@ -192,28 +197,45 @@ def generate(
         )
     rows = load_model_rows(tables_dir)
     gpu = FAMILY_GPU.get(family, cluster.gpu_model)
-    if family == "fleet":  # sizes and run times drawn independently (module doc)
-        drawn = [(rng.choice(pool)[0], rng.choice(pool)[1]) for _ in range(jobs)]
-    elif family == "fleet-stress":
-        drawn = [
-            (min(rng.choice(STRESS_SERVERS), limit) * gpus_per_server, rng.uniform(*STRESS_RUN_S))
-            for _ in range(jobs)
-        ]
-    else:
-        drawn = [rng.choice(pool) for _ in range(jobs)]
+
+    def draw() -> tuple[float, float]:
+        if family == "fleet":  # sizes and run times drawn independently (module doc)
+            return rng.choice(pool)[0], rng.choice(pool)[1]
+        if family == "fleet-stress":
+            servers = min(rng.choice(STRESS_SERVERS), limit)
+            return servers * gpus_per_server, rng.uniform(*STRESS_RUN_S)
+        return rng.choice(pool)
+
+    def build(job_id: str, gpus: float) -> Job:
+        servers = max(1, math.ceil(gpus / gpus_per_server))
+        if family == "moe":
+            return _moe_job(job_id, servers, rng)
+        if family in ("comm-heavy", "fleet", "fleet-stress"):
+            return _comm_heavy_job(job_id, rows, servers, rng)
+        return _dense_job(job_id, _nearest(rows, servers * gpus_per_server, rng), servers)
+
+    drawn = [draw() for _ in range(jobs)]
     mean_work = sum(math.ceil(g / gpus_per_server) * d for g, d in drawn) / jobs
     rate = load * cluster.server_count / mean_work  # arrivals per second
+    memory = gpu_profile(gpu).memory_bytes
     t = 0.0
     out = []
     for i, (gpus, duration) in enumerate(drawn):
-        servers = max(1, math.ceil(gpus / gpus_per_server))
         job_id = f"{family}-{seed}-{i}"
-        if family == "moe":
-            job = _moe_job(job_id, servers, rng)
-        elif family in ("comm-heavy", "fleet", "fleet-stress"):
-            job = _comm_heavy_job(job_id, rows, servers, rng)
-        else:
-            job = _dense_job(job_id, _nearest(rows, servers * gpus_per_server, rng), servers)
+        job = build(job_id, gpus)
+        # a job `simulate` would refuse on this cluster (an EP group wider than its pods,
+        # too few uplinks to join its pods, GPU memory) is drawn again: on a file of
+        # 4-server pods 19 of 20 moe jobs were refused (none is on the presets)
+        redraws = 0
+        while reasons := refusals(cluster, job, memory, DEFAULT_ZERO_STAGE):
+            redraws += 1
+            if redraws > REDRAWS:
+                raise WorkloadError(
+                    f"no {family} job drawn {REDRAWS} times fits this cluster "
+                    f"({reasons[0]}): use a larger cluster or another family"
+                )
+            gpus, duration = draw()
+            job = build(job_id, gpus)
         iteration = ideal_iteration_estimate_s(job, cluster.server_gbps, gpu=gpu)
         out.append(WorkloadJob(job, round(t, 3), max(1, round(duration / iteration))))
         t += rng.expovariate(rate)

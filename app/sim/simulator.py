@@ -47,8 +47,8 @@ from app.engine.controller import (
 from app.engine.controller import step as control
 from app.engine.gpu_profiles import gpu_profile
 from app.engine.job import Job, Placement
-from app.engine.memory import DEFAULT_ZERO_STAGE, check_job_memory
-from app.engine.placement import OPTICAL_EXTRA_PODS, Placer, never_fits, place_job
+from app.engine.memory import DEFAULT_ZERO_STAGE
+from app.engine.placement import OPTICAL_EXTRA_PODS, Placer, place_job, refusals
 from app.engine.predictor import DEFAULT_ALGORITHM
 from app.engine.queue import QueuePolicy, admit_queued
 
@@ -294,16 +294,7 @@ class Simulation:
         job = self.entries[job_id].job
         # the service's admission, as POST /v1/jobs applies it: never fits, or does not
         # fit GPU memory (a 422 there: the job never runs)
-        reasons = never_fits(self.cluster, job)
-        if not reasons:
-            memory = check_job_memory(
-                job,
-                self.gpu_memory_bytes,
-                tp=self.cluster.gpus_per_server,
-                zero_stage=self.default_zero_stage,
-            )
-            if memory is not None and not memory.fits:
-                reasons = memory.reasons
+        reasons = refusals(self.cluster, job, self.gpu_memory_bytes, self.default_zero_stage)
         if reasons:
             self.results[job_id].refused = "; ".join(reasons)
             self.done += 1

@@ -23,7 +23,7 @@ from app.sim.families import FAMILIES, FAMILY_GPU, generate, jitter
 from app.sim.policies import POLICIES, turn_factor
 from app.sim.report import common_window, mean_ci95, summarize, summarize_compared
 from app.sim.simulator import JobResult, SimResult, simulate
-from app.sim.workload import WorkloadJob, read_workload
+from app.sim.workload import WorkloadError, WorkloadJob, read_workload
 
 TABLE = Path(__file__).resolve().parents[2] / "data" / "tables" / "megatron_sc21_table1.csv"
 
@@ -193,6 +193,38 @@ def test_every_generated_job_passes_the_services_memory_check(family: str) -> No
         for entry in generate(family, cluster, load=1.2, jobs=120, seed=seed):
             check = check_job_memory(entry.job, 80 * 1024**3, tp=cluster.gpus_per_server)
             assert check is not None and check.fits, (entry.job.job_id, check)
+
+
+def _pods_of(servers: int, uplinks: int, pods: int) -> Cluster:
+    """`pods` pods of one ToR of `servers` servers and `uplinks` uplinks on one OXC."""
+    return build_cluster(
+        "odd", pods=pods, tors_per_pod=1, servers_per_tor=servers,
+        uplink_ports_per_pod=uplinks, oxcs=1, oxc_ports=uplinks * pods,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("family", "cluster"),
+    [
+        ("moe", _pods_of(4, 4, 8)),  # EP groups of 8 on 4-server pods: 19 of 20 refused
+        ("dense", _pods_of(8, 1, 4)),  # one uplink a pod joins no three pods: 18 of 20
+        ("fleet", _pods_of(4, 2, 6)),
+    ],
+)
+def test_a_family_generated_for_a_cluster_runs_every_job_on_it(
+    family: str, cluster: Cluster
+) -> None:
+    """`workload generate --cluster FILE` wrote jobs `simulate` refused on that very
+    cluster (the presets were never affected: their workloads are unchanged). Every job
+    drawn is one the cluster's admission takes, or the family is said not to fit."""
+    try:
+        workload = generate(family, cluster, load=1.0, jobs=20, seed=1)
+    except WorkloadError as exc:
+        assert "fits this cluster" in str(exc)
+        return
+    result = simulate(cluster, workload, "ideal", gpu=FAMILY_GPU.get(family))
+    assert [j.refused for j in result.jobs if j.refused] == []
+    assert summarize(result)["jobs_completed"] == 20
 
 
 def test_generation_jitter_and_runs_are_deterministic_per_seed() -> None:
