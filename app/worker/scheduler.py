@@ -18,6 +18,7 @@ from app.engine.placement import (
     OPTICAL_EXTRA_PODS,
     Placer,
     fewest_pods,
+    never_fits,
     spread_limit,
     uplinks_free,
 )
@@ -56,12 +57,31 @@ def queue_reasons(
     for job in snapshot.queued:
         if job.job_id in placed:
             continue
+        if job.servers_needed > cluster.server_count or (
+            job.job_id == admission.reserved_for and never_fits(cluster, job)
+        ):
+            # accepted on another cluster (the service restarted on a smaller file): it
+            # said "needs 1875 servers, 32 free" for ever
+            why = "; ".join(never_fits(cluster, job))
+            reasons[job.job_id] = (
+                f"can never be placed on this cluster ({why}): the cluster changed since "
+                f"it was accepted; cancel it, or run on a cluster that holds it"
+            )
+            continue
         if job.job_id == admission.reserved_for:
             ep = job.parallelism.ep
             groups = f" in EP groups of {ep} servers inside a pod" if ep > 1 else ""
             spread = ""
             limit = spread_limit(cluster, max_extra_pods)
-            if limit is not None and ep == 1 and free >= job.servers_needed:
+            enough = ep == 1 and free >= job.servers_needed
+            joinable = _free_on_joined_pods(cluster, snapshot, admission) if enough else free
+            if enough and job.servers_needed > joinable:
+                # the free servers lie on pods no OXC joins (a chain of two switches)
+                spread = (
+                    f"; no OXC joins the pods the free servers are on: at most {joinable} "
+                    f"of them on pods that circuits can join"
+                )
+            elif limit is not None and enough:
                 # enough servers, no EP groups to fit: only the spread rule holds it
                 most = fewest_pods(cluster, job) + limit
                 spread = (
@@ -80,6 +100,13 @@ def queue_reasons(
         else:
             reasons[job.job_id] = needs_servers(job.servers_needed, free)
     return reasons
+
+
+def _free_on_joined_pods(cluster: Cluster, snapshot: Snapshot, admission: Admission) -> int:
+    """The most free servers on one set of pods that circuits can join."""
+    taken = set(snapshot.used).union(*(p.servers for p in admission.placements))
+    free_on = {p.id: sum(1 for s in p.servers if s.id not in taken) for p in cluster.pods}
+    return max((sum(free_on[p] for p in joined) for joined in cluster.joined_pod_sets), default=0)
 
 
 def schedule(
