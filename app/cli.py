@@ -258,8 +258,13 @@ def predict(
     if algorithm not in ALGORITHMS:
         typer.echo(f"error: --algorithm must be one of {', '.join(ALGORITHMS)}", err=True)
         raise typer.Exit(2)
-    if any(not p or any(c.isspace() for c in p) for p in plans):
-        typer.echo("error: a plan id is a non-empty word without spaces", err=True)
+    # "-" is what a step shows for "nothing installed", and "=" separates its fields: a
+    # plan by either name made the output ambiguous
+    if any(not p or p == "-" or "=" in p or any(c.isspace() for c in p) for p in plans):
+        typer.echo(
+            'error: a plan id is a non-empty word without spaces or "=", other than "-"',
+            err=True,
+        )
         raise typer.Exit(2)
     for line in format_steps(run_predictor(algorithm, plans)):
         print(line)

@@ -371,8 +371,9 @@ def test_simulate_admits_with_the_services_memory_settings(tmp_path: Path) -> No
 
 
 def test_an_empty_plan_id_is_refused() -> None:
-    """`predict ""` printed `observed=`, a step no report can make."""
-    for plans in ([""], ["P", " "], ["P D"]):
+    """`predict ""` printed `observed=`, a step no report can make; a plan named "-"
+    read as "nothing installed", and one holding "=" as another field."""
+    for plans in ([""], ["P", " "], ["P D"], ["P", "-"], ["a=b"]):
         result = _run("predict", *plans)
         assert result.returncode == 2, plans
         assert "plan id" in result.stderr
