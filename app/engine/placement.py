@@ -39,7 +39,7 @@ engine has none.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence, Set
+from collections.abc import Callable, Collection, Mapping, Sequence, Set
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -53,6 +53,7 @@ from .collective import (
     choose_collective,
     estimate_costs,
 )
+from .cross_connects import port_pods
 from .job import Collective, Job, Placement, Unit, Unplaceable
 from .memo import IdentityMemo, scratch
 from .memory import check_job_memory
@@ -193,11 +194,26 @@ def fewest_pods(cluster: Cluster, job: Job) -> int:
     return len(cluster.pods)
 
 
-def uplinks_free(cluster: Cluster, held: Mapping[str, float]) -> dict[str, int]:
+def uplinks_free(
+    cluster: Cluster,
+    held: Mapping[str, float],
+    failed: Mapping[str, Collection[int]] | None = None,
+) -> dict[str, int]:
     """`ports_free` for `place_job`: each pod's uplinks less what jobs' isolated slices
-    hold there (`held`, pod id -> ports: the sum of their `network.pod_ports`)."""
+    hold there (`held`, pod id -> ports: the sum of their `network.pod_ports`) and less
+    its failed ones (`failed`, OXC id -> ports the switches report failed): a pod whose
+    every uplink was dark looked wholly free once its jobs had lost their circuits, and
+    new jobs spanning pods were placed on it while 22 pods stood free."""
+    dark: dict[str, int] = {}
+    if failed:
+        where = port_pods(cluster)
+        for oxc_id, ports in failed.items():
+            for port in ports:
+                if (pod := where.get((oxc_id, port))) is not None:
+                    dark[pod] = dark.get(pod, 0) + 1
     return {
-        p.id: max(0, p.uplink_ports - math.ceil(held.get(p.id, 0) - 1e-9)) for p in cluster.pods
+        p.id: max(0, p.uplink_ports - dark.get(p.id, 0) - math.ceil(held.get(p.id, 0) - 1e-9))
+        for p in cluster.pods
     }
 
 

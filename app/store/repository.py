@@ -25,6 +25,7 @@ from sqlalchemy import (
     null,
     select,
     text,
+    true,
     update,
 )
 from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
@@ -124,6 +125,8 @@ class Snapshot:
     leased: frozenset[str] = frozenset()  # queued jobs that hold a heartbeat lease
     # pod -> uplinks placed jobs' isolated slices hold (from their `network` views)
     uplinks_held: dict[str, float] = field(default_factory=dict)
+    # OXC -> ports the switches report failed (read only when some job is queued)
+    failed_ports: dict[str, frozenset[int]] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -711,6 +714,14 @@ class Store:
                         t.jobs.c.state == JobState.PLACED.value, t.jobs.c.job_id.in_(sorted(fresh))
                     )
                 ).all()
+            failed: dict[str, set[int]] = {}
+            if queued_rows:  # what placement must not count on (by the partial index)
+                for oxc_id, port in conn.execute(
+                    select(t.confirmed_ports.c.oxc_id, t.confirmed_ports.c.port).where(
+                        t.confirmed_ports.c.failed == true()
+                    )
+                ):
+                    failed.setdefault(oxc_id, set()).add(port)
         cache.update(placed_ids, rows)
         view = cache.view()
         queued = tuple(job_from_body(r.job_id, r.body, r.submitted_order) for r in queued_rows)
@@ -725,6 +736,7 @@ class Store:
             view.busy_until,
             leased,
             view.uplinks_held,
+            {o: frozenset(ports) for o, ports in failed.items()},
         )
 
     def record_admission(

@@ -139,7 +139,7 @@ def schedule(
             )
             for switch in (*cluster.tors_by_id, *cluster.pods_by_id)
         }
-        uplinks = uplinks_free(cluster, snapshot.uplinks_held)
+        uplinks = uplinks_free(cluster, snapshot.uplinks_held, snapshot.failed_ports)
         place = Placer(agg_free, uplinks, max_extra_pods)
         try:
             admission = admit_queued(

@@ -348,3 +348,39 @@ def test_a_restart_on_a_cluster_without_a_switch_forgets_what_it_held(
         )
         assert {o for o, _, _ in _cross_connects(topo)} <= {x.id for x in preset("small").oxcs}
         assert c.get("/v1/jobs/wide").json()["state"] == "placed"
+
+
+def test_a_pod_whose_uplinks_are_all_dark_gets_no_new_job_spanning_pods(
+    server: LiveServer,
+) -> None:
+    """A helper's fault sweep: with every uplink of a pod failed, the job there lost its
+    circuits, its `network.pod_ports` emptied, and the dark pod looked wholly free to
+    placement: the next spanning job's last part went there (the fullest pod "with
+    free uplinks") while healthy pods stood free, and it waited for light that never
+    came. Placement counts failed uplinks as taken."""
+    cluster = preset("small")  # 4 pods of 8 servers
+    with server.client() as c:
+        r = c.post("/v1/jobs", json={"job_id": "a", "parallelism": {"dp": 12, "pp": 1}})
+        assert r.status_code == 201, r.text
+        servers = [u["server"] for u in r.json()["placement"]["units"]]
+        # the pod holding fewer of its servers (12 = 8 + 4) keeps free servers
+        dark = min(
+            {x.split("/")[0] for x in servers},
+            key=lambda p: sum(x.startswith(p + "/") for x in servers),
+        )
+        eventually(lambda: (n := c.get("/v1/jobs/a").json()["network"]) and n["pod_ports"])
+        for oxc in cluster.oxcs:
+            for port in oxc.pod_ports[dark]:
+                _fail_port(server, oxc.id, port)
+        eventually(lambda: (n := c.get("/v1/jobs/a").json()["network"]) and n["mode"] != "isolated")
+        eventually(
+            lambda: (
+                sum(len(v) for v in c.get("/v1/topology").json()["failed_ports"].values())
+                == cluster.pods_by_id[dark].uplink_ports
+            )
+        )
+        b = c.post("/v1/jobs", json={"job_id": "b", "parallelism": {"dp": 12, "pp": 1}})
+        assert b.status_code == 201, b.text
+        on = {u["server"].split("/")[0] for u in b.json()["placement"]["units"]}
+        assert dark not in on, (dark, on)
+        assert eventually(lambda: c.get("/v1/jobs/b").json()["network"])["mode"] == "isolated"
