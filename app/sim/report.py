@@ -223,7 +223,8 @@ def job_rows(result: SimResult) -> list[dict[str, Any]]:
             "start_s": j.start_s,
             "end_s": j.end_s,
             "iterations": j.iterations,
-            "ideal_iteration_s": j.ideal_iteration_s,
+            # null when unknown (a refused job never got a placement to time)
+            "ideal_iteration_s": j.ideal_iteration_s or None,
             "iteration_slowdown": j.slowdown,
             "exposed_reconfig_s": j.exposed_s,
             "reconfigurations": j.reconfigurations,

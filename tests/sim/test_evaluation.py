@@ -21,7 +21,7 @@ from app.engine.rewiring_rules import reactive_rewires
 from app.sim.commands import run_from_trace, run_generate, run_simulate
 from app.sim.families import FAMILIES, FAMILY_GPU, generate, jitter
 from app.sim.policies import POLICIES, turn_factor
-from app.sim.report import common_window, mean_ci95, summarize, summarize_compared
+from app.sim.report import common_window, job_rows, mean_ci95, summarize, summarize_compared
 from app.sim.simulator import JobResult, SimResult, simulate
 from app.sim.workload import WorkloadError, WorkloadJob, read_workload
 
@@ -169,6 +169,9 @@ def test_a_job_no_circuit_could_carry_is_refused_not_hung() -> None:
     assert wide.refused and wide.end_s is None and not wide.stalled
     assert nxt.end_s is not None  # the queue behind it was served
     assert summarize(result)["jobs_refused"] == 1
+    # its row in jobs.json has no figure it never had (ideal_iteration_s read 0.0)
+    row = next(r for r in job_rows(result) if r["job_id"] == "wide")
+    assert row["refused"] and row["ideal_iteration_s"] is None and row["iteration_s"] is None
 
 
 # ---------------------------------------------------------------- bounds and determinism
