@@ -57,15 +57,18 @@ def queue_reasons(
     for job in snapshot.queued:
         if job.job_id in placed:
             continue
-        if job.servers_needed > cluster.server_count or (
-            job.job_id == admission.reserved_for and never_fits(cluster, job)
-        ):
-            # accepted on another cluster (the service restarted on a smaller file): it
-            # said "needs 1875 servers, 32 free" for ever
-            why = "; ".join(never_fits(cluster, job))
+        # accepted on another cluster (the service restarted on a smaller file): it said
+        # "needs 1875 servers, 32 free" for ever (asked of the head and of jobs larger
+        # than the cluster only: the rest of the queue is not examined each pass)
+        never = (
+            never_fits(cluster, job)
+            if job.servers_needed > cluster.server_count or job.job_id == admission.reserved_for
+            else ()
+        )
+        if never:
             reasons[job.job_id] = (
-                f"can never be placed on this cluster ({why}): the cluster changed since "
-                f"it was accepted; cancel it, or run on a cluster that holds it"
+                f"can never be placed on this cluster ({'; '.join(never)}): the cluster "
+                f"changed since it was accepted; cancel it, or run on a cluster that holds it"
             )
             continue
         if job.job_id == admission.reserved_for:
@@ -74,7 +77,7 @@ def queue_reasons(
             spread = ""
             limit = spread_limit(cluster, max_extra_pods)
             enough = ep == 1 and free >= job.servers_needed
-            joinable = _free_on_joined_pods(cluster, snapshot, admission) if enough else free
+            joinable = _free_on_joined_pods(cluster, snapshot, admission) if enough else 0
             if enough and job.servers_needed > joinable:
                 # the free servers lie on pods no OXC joins (a chain of two switches)
                 spread = (
