@@ -576,6 +576,12 @@ def write_error_bar_plot(aggregates: Sequence[dict[str, Any]], path: Path, title
     return _save(fig, path, plt)
 
 
+def _as_count(per_seed: Sequence[dict[str, Any]], key: str, mean: float) -> float | int:
+    """A count (an int in every seed's summary) stays an int where its mean is whole."""
+    counts = all(type(s.get(key)) is int for s in per_seed)
+    return int(mean) if counts and math.isfinite(mean) and mean.is_integer() else mean
+
+
 def seeded_summary(per_seed: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """summary.json over seeds: each number the mean, and `ci95` its CI half-widths."""
     agg = aggregate(per_seed)
@@ -583,7 +589,7 @@ def seeded_summary(per_seed: Sequence[dict[str, Any]]) -> dict[str, Any]:
     ci: dict[str, float] = {}
     for key, value in agg.items():
         if isinstance(value, dict):
-            out[key] = value["mean"] if value["values"] else None
+            out[key] = _as_count(per_seed, key, value["mean"]) if value["values"] else None
             ci[key] = value["ci95"]
     out["steady_window"] = None  # one per seed: see each run's summary
     out["seeds"] = len(per_seed)

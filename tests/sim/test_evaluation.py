@@ -283,6 +283,9 @@ def test_cli_generates_a_family_and_simulates_seeds(tmp_path: Path) -> None:
     assert (out / "evaluation.png").stat().st_size > 0
     summary = json.loads((out / "summary_ideal.json").read_text())
     assert summary["seeds"] == 2 and "steady_utilization" in summary["ci95"]
+    # a count every seed agrees on is a count, not a mean (20, not 20.0)
+    assert summary["jobs_completed"] == 20 and type(summary["jobs_completed"]) is int
+    assert type(summary["makespan_s"]) is float
     assert run_simulate("seed-15k", str(path), ["ideal"], None, 0, None, gpu="z80") == 2
     # refused inputs leave no empty results directory behind
     refused = tmp_path / "refused"
