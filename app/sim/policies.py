@@ -150,18 +150,12 @@ def as_submitted(job: Job, spec: PolicySpec) -> Job:
 
 @dataclass(frozen=True, slots=True)
 class Share:
-    """One resource a job uses with others: per-iteration amounts of each phase.
-
-    For an ECMP link the amounts are bytes and `capacity` bytes/s; for a pod's
-    time-divided optical ports the amounts are seconds of exclusive use and the
-    capacity 1. `affected` False: the job loads the resource but is not slowed by
-    it (an isolated slice whose ports a time-division job borrows turns on).
-    """
+    """One electrical resource a job uses with others (a Clos link, a pod's way into an
+    electrical core): per-iteration bytes of each phase and `capacity` in bytes/s."""
 
     pp_amount: float
     dp_amount: float
     capacity: float
-    affected: bool = True
 
 
 @dataclass(frozen=True, slots=True)

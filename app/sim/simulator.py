@@ -18,11 +18,14 @@ iteration in progress ends at the old rate and the rest continue at the new
 one. This is exactly what stepping every iteration gives (`step_by_step=True`
 does that; tests check both agree).
 
-Sharing: when several jobs use one resource (an ECMP link, or the
-time-divided optical ports of a pod), job j's phase on it sees the capacity the
-others leave at their average rate, never less than a fair 1/n share:
-cap_j = max(C - sum_k amount_k / T_k, C / n). The others' iteration times T_k
-depend on j's in turn; two fixed-point rounds settle them at each event.
+Sharing an electrical resource: when several jobs use one (a Clos link under
+ECMP or spraying, or a pod's way into an electrical core), job j's phase on it
+sees the capacity the others leave at their average rate, never less than a
+fair 1/n share: cap_j = max(C - sum_k amount_k / T_k, C / n), as if their bursts
+never met. The others' iteration times T_k depend on j's in turn; two
+fixed-point rounds settle them at each event. Optical ports are not shared this
+way: a circuit is its job's whether it sends or not, and jobs taking turns on
+shared ports are charged their turns (`policies.turn_factor`).
 """
 
 from __future__ import annotations
@@ -461,8 +464,6 @@ class Simulation:
             return run.profile.pp_alone_s, run.profile.dp_alone_s
         pp = dp = 0.0
         for key, share in shares.items():
-            if not share.affected:
-                continue
             users = len(self.key_users[key])
             others = self.key_rate[key] - run.rates.get(key, 0.0)
             cap = max(share.capacity - others, share.capacity / max(1, users))
