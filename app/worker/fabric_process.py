@@ -69,6 +69,9 @@ BATCH_LINGER_S = 0.002  # the child's messages wait this long for company
 # a pass thread silent this long is stalled: far past the slowest pass (tens of ms at
 # 300 jobs, seconds for a new term's first) and the failure back-off (5 s)
 STALL_S = 30.0
+# silent this long, the worker stops reporting ready (before the watchdog's kill: past a
+# failed pass's back-off, and what a new term's first pass takes on a loaded machine)
+NOT_READY_SILENT_S = 10.0
 
 LeaseState = tuple[int, float] | None  # (fencing token, valid until on time.monotonic())
 
@@ -371,6 +374,19 @@ class FabricProcess:
             self._outbox.put(None)
             sender.join(timeout=STOP_S)
             self._stop_child()
+
+    def health(self) -> str | None:
+        """Why the fabric planner cannot act now (None: it can), for `/readyz`: the
+        child starting, or restarting after an exit, or silent for `NOT_READY_SILENT_S`
+        (at most half of `stall_s`, when the watchdog kills it)."""
+        if not self.ready.is_set():
+            return "restarting after an exit" if self.restarts else "starting"
+        silent_s = self._silent_s()
+        if silent_s > min(NOT_READY_SILENT_S, self.stall_s / 2):
+            return (
+                f"stalled: no pass round for {silent_s:.0f} s (restarted at {self.stall_s:.0f} s)"
+            )
+        return None
 
     def _silent_s(self) -> float:
         """Seconds since the started child's pass thread last came round (0 before its

@@ -8,13 +8,20 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from app.api.routes.ops import readiness
+from app.api.routes.ops import NotReady, readiness
 
 
 def create_worker_app(runtime: Any) -> FastAPI:
     """Probes and metrics for a `lightpath worker` process."""
     app = FastAPI(title="Lightpath worker", docs_url=None, redoc_url=None)
     services = runtime.services
+    worker = getattr(runtime, "worker", None)
+    fabric_process = getattr(worker, "fabric_process", None)
+
+    def fabric() -> None:
+        assert fabric_process is not None
+        if (why := fabric_process.health()) is not None:
+            raise NotReady(why)
 
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:
@@ -27,6 +34,8 @@ def create_worker_app(runtime: Any) -> FastAPI:
             ("bus", services.bus.ping),
             ("southbound", services.southbound.list_oxcs),
         ]
+        if fabric_process is not None:  # the planner's own process (`lightpath worker`)
+            probes.append(("fabric", fabric))
         return await readiness(probes, {"leader": runtime.is_leader()})
 
     @app.get("/metrics")

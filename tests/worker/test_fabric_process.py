@@ -214,11 +214,16 @@ def test_a_child_that_dies_or_stalls_is_restarted_and_misses_nothing(
         _eventually(lambda: _viewed(store, "a"))
         first = fp.pid
         assert first is not None
+        assert fp.health() is None  # ready: the worker's /readyz reports it ok
         os.kill(first, sig)
         # placed (and acknowledged, in the worker) while no fabric process works
         _place(store, "b")
         fp.request("arrival")
+        if sig == signal.SIGSTOP:
+            # not ready while silent, before the watchdog's kill (it read ready for 30 s)
+            _eventually(lambda: fp.restarts == 0 and "stalled" in (fp.health() or ""))
         _eventually(lambda: fp.restarts == 1 and fp.ready.is_set(), timeout_s=60)
+        _eventually(lambda: fp.health() is None)
         assert fp.pid != first and not _alive(first)
         _eventually(lambda: _viewed(store, "b"))  # the new child read the durable state
         time.sleep(3 * 0.2 + stall_s)  # a live child's rounds keep it from being killed

@@ -56,3 +56,20 @@ def test_a_hung_switch_makes_a_503_problem_within_a_probe_timeout() -> None:
     assert body["checks"]["database"] == "ok"
     assert body["checks"]["southbound"].startswith("unreachable: no answer")
     assert "southbound" in body["detail"]
+
+
+def test_the_worker_is_not_ready_while_its_fabric_process_is_not() -> None:
+    """A sweep saw the worker's /readyz answer ready for the 30 s a stalled fabric child
+    took to be restarted, while no placed job got circuits."""
+    stalled = "stalled: no pass round for 12 s (restarted at 30 s)"
+    health: list[str | None] = [stalled]
+    runtime = _runtime(lambda: [])
+    runtime.worker = SimpleNamespace(fabric_process=SimpleNamespace(health=lambda: health[0]))
+    with TestClient(create_worker_app(runtime)) as c:
+        down = c.get("/readyz")
+        health[0] = None
+        up = c.get("/readyz")
+    assert down.status_code == 503 and down.headers["content-type"] == PROBLEM_JSON
+    assert down.json()["checks"]["fabric"] == stalled and down.json()["leader"] is True
+    assert stalled in down.json()["detail"]
+    assert up.status_code == 200 and up.json()["checks"]["fabric"] == "ok"

@@ -56,6 +56,10 @@ async def readyz(services: ServicesDep) -> JSONResponse:
 PROBE_TIMEOUT_S = 0.8
 
 
+class NotReady(Exception):
+    """A readiness probe's answer other than ok: the message is what `checks` reports."""
+
+
 async def readiness(
     probes: Sequence[tuple[str, Callable[[], object]]], extra: dict[str, Any] | None = None
 ) -> JSONResponse:
@@ -70,7 +74,7 @@ async def readiness(
             return "ok"
         except TimeoutError:
             return f"unreachable: no answer within {PROBE_TIMEOUT_S} s"
-        except DatabaseNotReady as exc:
+        except (DatabaseNotReady, NotReady) as exc:
             return str(exc)
         except Exception as exc:  # a readiness probe reports, it does not raise
             return f"unreachable: {type(exc).__name__}"
