@@ -87,7 +87,9 @@ class ParallelismIn(StrictModel):
 
 
 class ModelIn(StrictModel):
-    """What the launcher knows of the model; every field is optional."""
+    """What the launcher knows of the model; every field is optional. The facts size
+    the GPU-memory check and the job's circuits; where traffic facts are left out,
+    defaults stand in (a 7B model) until traffic reports show the job sends more."""
 
     parameters: Parameters | None = Field(None, description="parameter count (at most 1e15)")
     bytes_per_parameter: BytesPerParameter | None = None
@@ -131,7 +133,8 @@ class ModelIn(StrictModel):
 
 
 class ComputeIn(StrictModel):
-    """Compute times of one micro-batch and of the optimizer step, in seconds."""
+    """Compute times of one micro-batch and of the optimizer step, in seconds. Without
+    them the job's compute per iteration is learned from its traffic reports' period."""
 
     microbatch_forward_s: ComputeSeconds | None = None
     microbatch_backward_s: ComputeSeconds | None = None

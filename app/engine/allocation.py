@@ -65,7 +65,7 @@ from .cross_connects import (
 )
 from .job import Job, Placement
 from .memo import IdentityMemo
-from .traffic import ALGO_RING, PHASE_DP, PHASE_PP, job_traffic
+from .traffic import ALGO_RING, PHASE_DP, PHASE_PP, DemandMatrix, job_traffic
 
 MODE_ISOLATED = "isolated"
 MODE_SHARED = "shared"
@@ -212,14 +212,35 @@ def job_demand(
 ) -> JobDemand:
     """The job's cross-pod bytes per iteration (pp + dp phases) and its non-blocking want."""
     traffic = job_traffic(cluster, job, placement, algorithm, root_tors)
+    pair = pair_ways(t.pod_demand for t in traffic if t.phase in (PHASE_PP, PHASE_DP))
+    return demand_of_pairs(
+        cluster,
+        job.job_id,
+        placement,
+        pair,
+        compute_estimate_s(job) if compute_s is None else compute_s,
+    )
+
+
+def pair_ways(demands: Iterable[DemandMatrix]) -> dict[tuple[str, str], list[float]]:
+    """Bytes per pod pair (pod_a < pod_b) and way ([a to b, b to a]), summed over demands."""
     pair: dict[tuple[str, str], list[float]] = {}
-    for t in traffic:
-        if t.phase not in (PHASE_PP, PHASE_DP):
-            continue
-        for p, q, b in t.pod_demand.entries():
+    for demand in demands:
+        for p, q, b in demand.entries():
             key = (p, q) if p < q else (q, p)
-            way = 0 if p < q else 1
-            pair.setdefault(key, [0.0, 0.0])[way] += b
+            pair.setdefault(key, [0.0, 0.0])[0 if p < q else 1] += b
+    return pair
+
+
+def demand_of_pairs(
+    cluster: Cluster,
+    job_id: str,
+    placement: Placement,
+    pair: Mapping[tuple[str, str], Sequence[float]],
+    compute_s: float,
+) -> JobDemand:
+    """A job's demand from its bytes per pod pair and way (`pair_ways`): modelled at
+    placement, or learned from the phases it was seen to send (the controller)."""
     servers: dict[str, int] = defaultdict(int)
     for s in placement.servers:
         servers[cluster.server(s).pod_id] += 1
@@ -234,10 +255,10 @@ def job_demand(
         at_pod[pod_b] += circuits
     want = tuple((p, min(uplinks[p], max(n, at_pod[p]))) for p, n in nics)
     return JobDemand(
-        job.job_id,
+        job_id,
         tuple((a, b, max(v)) for (a, b), v in sorted(pair.items())),
         want,
-        compute_estimate_s(job) if compute_s is None else compute_s,
+        compute_s,
         nics,
         pair_ports,
     )
@@ -286,6 +307,19 @@ def pair_ports_needed(
         (a, b, max(1, math.ceil(min(scaled(a, at_a), scaled(b, at_b)) - 1e-9)))
         for (a, b), (at_a, at_b) in sorted(need.items())
     )
+
+
+def network_s(d: JobDemand, circuits: Mapping[tuple[str, str], int], port_gbps: float) -> float:
+    """The demand's network time per iteration on `circuits` per pod pair (pod_a < pod_b):
+    its slowest pair's (infinite when a pair has none)."""
+    port_bps = port_gbps * 1e9 / 8
+    worst = 0.0
+    for a, b, x in d.pair_bytes:
+        c = circuits.get((a, b), 0)
+        if c <= 0:
+            return math.inf
+        worst = max(worst, x / (c * port_bps))
+    return worst
 
 
 def compute_estimate_s(job: Job) -> float:
@@ -566,11 +600,15 @@ def allocate_ports(
     demands: Sequence[JobDemand],
     previous: PortAllocation | None = None,
     grown_pods: Collection[str] = (),
+    regrown: Collection[str] = (),
 ) -> PortAllocation:
     """Every job's circuits, mode and expected slowdown (see module doc).
 
     `grown_pods`: pods whose usable uplinks grew since `previous` (failed ports back),
-    where jobs may grow as on pods a job left.
+    where jobs may grow as on pods a job left. `regrown`: jobs whose demand grew since
+    `previous` (learned from their reports): each keeps what it holds and takes more as
+    an arrival does, free ports first, then circuits of jobs on its pods while they
+    stay less slowed than it is.
     """
     electrical_gbps = {p.id: p.electrical_gbps for p in cluster.pods}
     port_bps = cluster.nic_gbps * 1e9 / 8
@@ -714,6 +752,9 @@ def allocate_ports(
                 )
         else:
             unserved.append(d.job_id)
+    for j in regrown:
+        if j in work and j in isolated:
+            _rebalance_for(j, ports, circuits, work, isolated, port_bps, _DonorCache(gave))
     if repair:
         # a job that lost circuits (or its minimum) to failed ports takes circuits back
         # from jobs on its pods while they stay less slowed than it is, as an arrival
@@ -811,6 +852,7 @@ def allocate_ports(
     present = {d.job_id for d in demands}
     changed_pods = {p for d in order if d.job_id not in prev_jobs for p in d.pods}
     changed_pods.update(grown_pods)
+    changed_pods.update(p for j in regrown if j in work for p in work[j].pods)
     for gone in prev_jobs.values():
         if gone.job_id not in present:
             changed_pods.update(p for _, p, _ in gone.oxc_ports)

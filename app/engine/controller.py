@@ -57,9 +57,12 @@ from .allocation import (
     PortAllocation,
     allocate_ports,
     circuits_on_switches,
+    demand_of_pairs,
     held_allocation,
     ideal_iteration_s,
     job_demand,
+    network_s,
+    pair_ways,
     slowdown_note,
     switch_room,
 )
@@ -102,7 +105,7 @@ from .plan_signature import EMPTY_PLAN_ID, PlanCatalog, classify_plan
 from .predictor import DEFAULT_ALGORITHM, PredictorState, new_predictor
 from .predictor import step as step_predictor
 from .preinstall import gap_before_s, should_preinstall
-from .traffic import DemandMatrix, Flow, pod_of
+from .traffic import PHASE_DP, PHASE_PP, DemandMatrix, Flow, job_traffic, pod_of, resolve_facts
 
 HELD_PLAN = "plan-held"  # what a job's circuits are for when it holds its pp+dp topology
 OFF_TURN = "plan-off-turn"  # a sharing job between its turns: no circuits of its own
@@ -125,6 +128,11 @@ NETWORK_ISOLATED = "isolated"
 NETWORK_SHARED = "shared"
 NETWORK_ELECTRICAL = "electrical"
 NETWORK_NONE = "none"
+# A job whose learned cycle sends more than this many times the bytes per iteration on
+# some pod pair than its demand in use and its model both say gets that demand (see
+# `_learned_demand`), once the predictor has followed its period this many times.
+RELEARN_FACTOR = 1.25
+RELEARN_CYCLES = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -273,6 +281,10 @@ class JobCycle:
     home_of: tuple[object, ...] = ()
     # when (controller time) a report last proved the reporter's clock ahead of ours
     clock_ahead_at_s: float | None = None
+    # what the learned cycle's demand was last compared for (`_learned_demand`), and
+    # whether the job's demand in use is one its reports taught
+    demand_checked: tuple[object, ...] = ()
+    learned: bool = False
     # when the controller last chose to keep what is installed for the next phase (a
     # rewiring would not have fitted its gap): phases after that run on a kept topology
     kept_at_s: float | None = None
@@ -622,6 +634,7 @@ def _reallocate(
     freed: Collection[str] | None = None,
     grown: Collection[str] = (),
     holder: str | None = None,
+    regrown: Collection[str] = (),
 ) -> tuple[ControllerState, tuple[Decision, ...]]:
     """Re-allocate ports and re-plan the jobs whose allocation changed. `holder`: the job
     holding the shared ports' turn when the state does not say (a new leader's)."""
@@ -634,7 +647,11 @@ def _reallocate(
     ]
     before_alloc = state.allocation
     allocation = allocate_ports(
-        cluster, demands, previous=before_alloc if before_alloc.jobs else None, grown_pods=grown
+        cluster,
+        demands,
+        previous=before_alloc if before_alloc.jobs else None,
+        grown_pods=grown,
+        regrown=regrown,
     )
     changed_alloc = {
         ja.job_id
@@ -1085,9 +1102,14 @@ def _observed(
         cycle = replace(cycle, fits=(cycle.fits + (fits,))[-max(2, period) :])
     if target is None and fits is False:
         cycle = replace(cycle, kept_at_s=e.at_s)
+    learned, cycle = _learned_demand(state, jf, cycle)
+    if learned is not None:
+        cycle = replace(cycle, learned=True)
     cycles = dict(state.cycles)
     cycles[e.job_id] = cycle
     state = replace(state, cycles=cycles)
+    if learned is not None:
+        return _relearned(state, learned, e.at_s)
     if e.job_id in state.deferred:
         gap = should_preinstall(
             cycle.arrivals,
@@ -1108,6 +1130,97 @@ def _observed(
     if target is None or target == cycle.target:
         return state, ()
     return _rewire(state, jf, target, e.at_s)
+
+
+def _learned_demand(
+    state: ControllerState, jf: JobFabric, cycle: JobCycle
+) -> tuple[JobDemand | None, JobCycle]:
+    """The job's demand as its reports show it, where they show what it is not given.
+
+    A job's ports follow the demand its model facts give (defaults where the launcher
+    stated none, and no compute time where it stated none: SPEC 3 asks the network to
+    work from observed traffic then). Once the predictor has followed the job's period
+    `RELEARN_CYCLES` times, one learned period is read as one iteration:
+
+    - bytes, for a job whose traffic facts were not all stated (stated ones are
+      trusted): compared pod pair by pod pair with the demand in use and with what
+      the model says the job's collective sends; where they exceed both by
+      `RELEARN_FACTOR`, the demand becomes the larger of the learned and the modelled
+      bytes, pair by pair and way by way (telemetry that misses a phase never takes a
+      job's circuits);
+    - compute, for a job that stated none: the period's length (phase starts, the
+      reporter's clock) less the demand's network time on the circuits it holds.
+
+    In the simulator jobs state their facts and compute times, and the reports are the
+    model's, so this never fires there. Checked once per learned period, collective
+    and demand (the key kept in the cycle)."""
+    predictor = cycle.predictor
+    if not cycle.confirmed_period or predictor.cycle_count < RELEARN_CYCLES:
+        return None, cycle
+    phases = predictor.queue
+    queue = tuple(q for q in phases if q != EMPTY_PLAN_ID)
+    in_use = state.demands.get(jf.job_id)
+    key: tuple[object, ...] = (queue, jf.collective, in_use)
+    if key == cycle.demand_checked or in_use is None:
+        return None, cycle
+    if any(q not in cycle.demands for q in queue):
+        return None, cycle
+    cycle = replace(cycle, demand_checked=key)
+    cluster = state.cluster
+    pods = {cluster.server(s).pod_id for s in jf.placement.servers}
+    ways_seen = {
+        k: ways
+        for k, ways in pair_ways(cycle.demands[q] for q in queue).items()
+        if k[0] in pods and k[1] in pods
+    }
+    seen = {k: max(ways) for k, ways in ways_seen.items()}
+    demand = in_use
+    job = _job_of(state, jf.job_id)
+    guessed = bool(resolve_facts(job).defaulted)
+    if guessed and _exceeds(seen, {(a, b): n for a, b, n in in_use.pair_bytes}):
+        traffic = job_traffic(
+            cluster, job, jf.placement, jf.collective.algorithm, dict(jf.collective.root_tors)
+        )
+        modelled = pair_ways(t.pod_demand for t in traffic if t.phase in (PHASE_PP, PHASE_DP))
+        if _exceeds(seen, {k: max(ways) for k, ways in modelled.items()}):
+            none = (0.0, 0.0)
+            pairs = {
+                k: [
+                    max(x, y)
+                    for x, y in zip(ways_seen.get(k, none), modelled.get(k, none), strict=True)
+                ]
+                for k in ways_seen.keys() | modelled.keys()
+            }
+            demand = demand_of_pairs(cluster, jf.job_id, jf.placement, pairs, in_use.compute_s)
+    if demand.compute_s == 0 and len(cycle.arrivals) > len(phases) and jf.circuits.total:
+        period_s = cycle.arrivals[-1] - cycle.arrivals[-1 - len(phases)]
+        held = {k: n for a, b, n in jf.circuits.pairs() for k in ((a, b), (b, a))}
+        compute_s = period_s - network_s(demand, held, cluster.nic_gbps)
+        if 0 < compute_s < math.inf:
+            demand = replace(demand, compute_s=compute_s)
+    return (demand if demand != in_use else None), cycle
+
+
+def _exceeds(seen: Mapping[tuple[str, str], float], given: Mapping[tuple[str, str], float]) -> bool:
+    """Do the learned bytes exceed the given ones by `RELEARN_FACTOR` on some pair?"""
+    return any(n > RELEARN_FACTOR * given.get(k, 0.0) for k, n in seen.items() if n > 0)
+
+
+def _relearned(
+    state: ControllerState, demand: JobDemand, at_s: float
+) -> tuple[ControllerState, tuple[Decision, ...]]:
+    """The job's learned demand in use. Bytes that grew: it keeps its circuits and takes
+    more as an arrival would (free ports, then circuits of jobs on its pods while they
+    stay less slowed), the others keep theirs. A compute time learned alone changes no
+    circuit: it weighs the job's network time from the next allocation on."""
+    job_id = demand.job_id
+    was = state.demands.get(job_id)
+    demands = dict(state.demands)
+    demands[job_id] = demand
+    state = replace(state, demands=demands)
+    if was is not None and was.pair_bytes == demand.pair_bytes:
+        return state, ()
+    return _reallocate(state, state.jobs, "prediction", at_s, grow=False, regrown=(job_id,))
 
 
 def _refit(cluster: Cluster, jf: JobFabric, cycle: JobCycle, ja: JobAllocation | None) -> JobCycle:
@@ -1581,6 +1694,11 @@ def network_view(state: ControllerState, job_id: str) -> NetworkView | None:
     # ports or circuits can only raise the figure
     demand = state.demands.get(job_id) or job_demand(cluster, _job_of(state, job_id), jf.placement)
     alone = ideal_iteration_s(demand, cluster.nic_gbps)
+    cycle = state.cycles.get(job_id)
+    if cycle is not None and cycle.learned and not shared:
+        # the plan times the modelled traffic: the learned bytes on the same circuits
+        held = {k: n for a, b, n in jf.circuits.pairs() for k in ((a, b), (b, a))}
+        net_s = max(net_s, network_s(demand, held, cluster.nic_gbps))
     sharers = len(state.turn_order) if shared else 1
     turn_s = state.config.turn_s
     overhead = 1.0 / max(1e-9, 1.0 - state.config.reconfig_ms / 1000.0 / turn_s) if shared else 1.0

@@ -10,7 +10,7 @@ the same hits, held phases, misses and exposed seconds.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -85,12 +85,17 @@ def scripted(gap_s: float, b_at: float, a_done: float, phases: int = 16) -> list
     return sorted(steps, key=lambda s: (s.at, s.kind != "complete"))
 
 
-def run_simulated(steps: list[Step]) -> tuple[list[tuple[Any, ...]], dict[str, tuple]]:
+def run_simulated(
+    steps: list[Step], facts: bool = True
+) -> tuple[list[tuple[Any, ...]], dict[str, tuple]]:
+    """`facts` False: the jobs state no model facts (the controller learns their demand
+    from the reports)."""
     events: list[Event] = []
     for s in steps:
         if s.kind == "place":
             pj = cross_job(s.job, SLOTS[s.job])
-            events += [JobPlaced(pj.job, pj.placement, s.at), Tick(s.at)]
+            job = pj.job if facts else replace(pj.job, model=None)
+            events += [JobPlaced(job, pj.placement, s.at), Tick(s.at)]
         elif s.kind == "complete":
             events += [JobCompleted(s.job, s.at), Tick(s.at)]
         else:
@@ -138,6 +143,7 @@ def run_worker(
     metrics: WorkerMetrics | None = None,
     fail_commit: int | None = None,
     fail_record: int | None = None,
+    facts: bool = True,
 ) -> tuple[list[tuple[Any, ...]], dict[str, tuple]]:
     """`settle`: after the last step, the switches confirm what is pending and the fabric
     pass runs once more, with no report after it. `fail_commit`: the traffic pass's
@@ -170,7 +176,15 @@ def run_worker(
         clock.now = s.at
         if s.kind == "place":
             pj = cross_job(s.job, SLOTS[s.job])
-            body = {"job_id": s.job, "parallelism": {"dp": 2, "pp": 2, "ep": 1}}
+            # the simulated side's job (`cross_job`): the same model facts
+            body: dict[str, Any] = {"job_id": s.job, "parallelism": {"dp": 2, "pp": 2, "ep": 1}}
+            if facts:
+                body["model"] = {
+                    "parameters": 2e9,
+                    "bytes_per_parameter": 2,
+                    "activation_bytes": 3e7,
+                    "microbatches": 8,
+                }
             store.submit_job(s.job, body, s.job, servers_needed=4, priority=0, deadline=None)
             store.record_admission(
                 [pj.placement], examined=[s.job], queue_reasons={}, reason="arrival"
@@ -211,6 +225,17 @@ def run_worker(
         )
     store.dispose()
     return log, scores
+
+
+def test_worker_and_simulator_agree_on_demand_learned_from_reports(tmp_path: Path) -> None:
+    """Jobs with no model facts: their pp reports carry 30 times the default model's
+    activations, so the controller learns their demand, and both loops alike."""
+    steps = scripted(gap_s=0.5, b_at=4.05, a_done=9.02)
+    sim_log, sim_scores = run_simulated(steps, facts=False)
+    live_log, live_scores = run_worker(steps, tmp_path / "w.db", facts=False)
+    assert sim_log == live_log
+    assert sim_scores == live_scores
+    assert sim_log != run_simulated(steps)[0]  # the learning changed decisions
 
 
 def test_worker_and_simulator_make_the_same_decisions(tmp_path: Path) -> None:
