@@ -419,3 +419,33 @@ def test_the_cli_refuses_out_of_range_pages_and_reads_rfc3339_deadlines(
         with pytest.raises(SystemExit):
             parser.parse_args([*launch, "--deadline", bad, "--", "true"])
         assert "--deadline" in capsys.readouterr().err
+
+
+def test_simulate_prints_user_text_as_written(tmp_path: Path) -> None:
+    """A sweep: a job id "[/]" in an error was Rich markup (a MarkupError traceback, exit
+    1), a cluster named with "[/]" crashed after the run, one with "$" lost the plots,
+    and long errors wrapped at 80 columns."""
+    line = {"job_id": "[/]", "parallelism": {"dp": 1, "pp": 1}, "arrival_s": 0, "iterations": 1}
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps(line) + "\n")
+    done = _run("simulate", "--cluster", "small", "--workload", str(bad), "--policy", "ideal")
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert "[/]" in done.stderr
+    error = [x for x in done.stderr.splitlines() if x.startswith("error")]
+    assert len(error) == 1 and "job_id" in error[0], done.stderr
+    good = tmp_path / "good.jsonl"
+    good.write_text(json.dumps({**line, "job_id": "a"}) + "\n")
+    cluster = tmp_path / "c.json"
+    spec = {
+        "name": "lab [/] rack $^$",
+        "pods": [{"id": "p0", "tors": [{"id": "p0/t0", "servers": [{"id": "p0/s0"}]}]}],
+    }
+    cluster.write_text(json.dumps(spec))
+    out = tmp_path / "out"
+    done = _run(
+        "simulate", "--cluster", str(cluster), "--workload", str(good),
+        "--compare", "ideal,lightpath", "--out", str(out),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "lab [/] rack $^$" in done.stdout
+    assert (out / "evaluation.png").stat().st_size > 0

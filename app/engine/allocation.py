@@ -777,6 +777,11 @@ def allocate_ports(
             one = {k: 1 for k in w.bytes}
             net = w.net_s(one, port_bps)
             s_s = max(w.d.compute_s + net, net * (len(unserved) + len(shared))) * turn_overhead
+            if any(k not in cluster.oxc_joined_pods for k in w.bytes):
+                # no OXC joins a pair: no turn carries it, however slow the core is
+                # (a sweep's cluster with a 400 Gb/s core per pod and no OXC: every
+                # job crossing pods stalled, as turns looked faster than the core)
+                s_s = math.inf
             if j in prev_elec or e_s < s_s:
                 electrical.append(j)
             else:

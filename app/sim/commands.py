@@ -12,6 +12,7 @@ import math
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape as rich_escape
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -55,6 +56,12 @@ EXIT_OK = 0
 EXIT_BAD_INPUT = 2
 
 
+def _stderr() -> Console:
+    """Messages as written: no markup (a job id "[/]" in a message was a MarkupError
+    traceback), no highlighting, no wrapping at 80 columns when not on a terminal."""
+    return Console(stderr=True, markup=False, highlight=False, soft_wrap=True)
+
+
 def run_simulate(
     cluster_name_or_file: str,
     workload_path: str,
@@ -80,7 +87,7 @@ def run_simulate(
     seed+1, ...: arrivals and iteration times, `families.jitter`) and every figure
     is a mean with a 95% confidence interval (`evaluation.png` has the error bars).
     """
-    err = Console(stderr=True)
+    err = _stderr()
     unknown = [p for p in policies if p not in POLICIES]
     if not policies or unknown:
         err.print(
@@ -173,7 +180,8 @@ def run_simulate(
     if seeds == 1:
         print_table(summaries)
     title = f"{cluster.name}, {seeds} seed(s), reconfiguration {cluster.reconfig_ms:g} ms"
-    Console(width=200).print(evaluation_table(aggregates, title))
+    # a cluster file's `name` is the user's text, not markup ("lab [/] rack")
+    Console(width=200).print(evaluation_table(aggregates, rich_escape(title)))
     if out_dir is not None:
         out = Path(out_dir)
         rows = []
@@ -200,7 +208,7 @@ def run_generate(
     family: str, cluster_name_or_file: str, load: float, jobs: int, seed: int, out_path: str
 ) -> int:
     """Write a synthetic workload of one family (`families.generate`)."""
-    err = Console(stderr=True)
+    err = _stderr()
     from app.cluster_files import ConfigError, load_cluster
 
     try:
@@ -225,7 +233,7 @@ def run_from_trace(
 
     `load` > 1 compresses the arrivals (times / load): more jobs wait at once.
     """
-    err = Console(stderr=True)
+    err = _stderr()
     if not 0 < load < math.inf:  # inf put every arrival at 0; NaN fails too
         err.print("error: --load must be a positive finite number")
         return EXIT_BAD_INPUT

@@ -318,12 +318,22 @@ def utilisation_timeline(result: SimResult, points: int = 400) -> tuple[list[flo
     return times, values
 
 
-def write_plots(results: Sequence[SimResult], out_dir: Path, prefix: str = "") -> list[Path]:
-    """Utilisation over time per policy, slowdown CDF, exposed reconfiguration per job."""
+def _pyplot() -> Any:
+    """matplotlib's pyplot, headless, with every text literal: a cluster file's `name`
+    is the user's text, and a "$" in it started mathtext (a cluster named "r$^$" was a
+    ValueError, and no plots)."""
     import matplotlib
 
     matplotlib.use("Agg")
+    matplotlib.rcParams["text.parse_math"] = False
     import matplotlib.pyplot as plt
+
+    return plt
+
+
+def write_plots(results: Sequence[SimResult], out_dir: Path, prefix: str = "") -> list[Path]:
+    """Utilisation over time per policy, slowdown CDF, exposed reconfiguration per job."""
+    plt = _pyplot()
 
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = []
@@ -367,10 +377,7 @@ def write_plots(results: Sequence[SimResult], out_dir: Path, prefix: str = "") -
 
 def write_comparison_plot(summaries: Sequence[dict[str, Any]], path: Path) -> Path:
     """Bars of utilisation and mean slowdown per policy."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = _pyplot()
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
     names = [s["policy"] for s in summaries]
@@ -543,10 +550,7 @@ def evaluation_table(aggregates: Sequence[dict[str, Any]], title: str) -> Table:
 
 def write_error_bar_plot(aggregates: Sequence[dict[str, Any]], path: Path, title: str) -> Path:
     """Steady utilisation and mean slowdown per policy, mean with 95% CI error bars."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = _pyplot()
 
     same = coinciding(aggregates)
     names = [a["policy"] + ("*" if a["policy"] in same else "") for a in aggregates]

@@ -593,14 +593,16 @@ class Simulation:
         """Nothing will ever change the fabric again: jobs that cannot progress leave.
 
         They are reported (`stalled`) and release their servers and ports, so the
-        queue behind them is served instead of the simulation hanging.
+        queue behind them is served instead of the simulation hanging. Jobs that queue
+        starts and that cannot progress either leave in the next round (they were left
+        running, and the rest of the queue counted as never started).
         """
-        at = max((r.seg_start for r in self.running.values()), default=0.0)
-        at = max(at, self.now)
-        for run in list(self.running.values()):
-            if run.result.stalled is None:
-                run.result.stalled = "stopped: no progress possible"
-            self._leave(at, run, completed=False)
+        while self.running and not self.events:
+            at = max(max((r.seg_start for r in self.running.values()), default=0.0), self.now)
+            for run in list(self.running.values()):
+                if run.result.stalled is None:
+                    run.result.stalled = "stopped: no progress possible"
+                self._leave(at, run, completed=False)
 
     def _complete(self, at: float, run: _Run) -> None:
         self._leave(at, run, completed=True)

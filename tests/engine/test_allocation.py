@@ -650,3 +650,24 @@ def test_a_previous_allocation_with_bad_entries_or_a_repeated_job_is_not_taken_a
     twice = allocate_ports(cluster, [d, e, d], previous=before)
     unseen = PortAllocation(before.jobs, before.pool, before.turn_order)
     assert twice == allocate_ports(cluster, [d, e, d], previous=unseen)
+
+
+def test_a_pair_no_oxc_joins_goes_over_a_slower_electrical_core() -> None:
+    """A sweep: pods with a 400 Gb/s electrical core each and no OXC: the allocation
+    chose turns on shared ports (one NIC-rate circuit looked faster than the core), no
+    turn could carry the pair, and every job crossing pods stalled."""
+    from app.engine.cluster import cluster_from_dict
+
+    pods = [
+        {
+            "id": f"pod-{i}",
+            "uplink_ports": 0,
+            "electrical_gbps": 400,
+            "tors": [{"id": f"pod-{i}/tor-0", "servers": [{"id": f"pod-{i}/tor-0/srv-0"}]}],
+        }
+        for i in range(2)
+    ]
+    cluster = cluster_from_dict({"pods": pods})
+    demand = JobDemand("a", (("pod-0", "pod-1", 4e9),), (("pod-0", 1), ("pod-1", 1)), 0.5)
+    ja = allocate_ports(cluster, [demand]).job("a")
+    assert ja is not None and ja.mode == MODE_ELECTRICAL, ja

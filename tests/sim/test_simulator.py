@@ -261,3 +261,27 @@ def test_a_workload_scores_the_same_whenever_it_arrives(shift):
             assert b.exposed_s == pytest.approx(a.exposed_s, rel=1e-6, abs=1e-9)
             # (times of 3.1e9 s are kept to 5e-7 s: a 50 s job's slowdown to 1e-8)
             assert b.slowdown == pytest.approx(a.slowdown, rel=1e-7)
+
+
+def test_jobs_the_queue_starts_after_a_stall_that_cannot_progress_are_stalled_too(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A sweep: the end-of-run cleanup stalled the running job once; the next job it let
+    in could not progress either and stayed running, the rest counted as never started."""
+    import dataclasses
+    import math
+
+    from app.sim import simulator as sim_module
+
+    real = sim_module.profile_optical
+
+    def no_circuit_carries(*args, **kwargs):  # type: ignore[no-untyped-def]
+        p = real(*args, **kwargs)
+        return dataclasses.replace(p, pp_alone_s=math.inf, dp_alone_s=math.inf)
+
+    monkeypatch.setattr(sim_module, "profile_optical", no_circuit_carries)
+    cluster = preset("small")  # 32 servers: one 20-server job at a time
+    workload = [WorkloadJob(_job(f"w{i}", 20, 1), float(i), 10) for i in range(3)]
+    jobs = simulate(cluster, workload, "lightpath").jobs
+    assert [j.stalled is not None for j in jobs] == [True, True, True], [j.stalled for j in jobs]
+    assert all(j.end_s is None or j.stalled for j in jobs)
