@@ -67,6 +67,10 @@ NEVER_PODS_NOT_JOINED = (
     "no set of pods every two of which an OXC wired to both (or both pods' electrical "
     "cores) joins holds it"
 )
+NEVER_NO_LAYOUT = (
+    "even on the empty cluster no layout of it gives every pod it spans one uplink per "
+    "pod pair it crosses"
+)
 NOT_NOW_BUSY = "not enough free servers for whole EP groups inside pods right now"
 NOT_NOW_UPLINKS = (
     "the free servers are on pods with too few uplinks for one circuit per pod pair it "
@@ -152,7 +156,27 @@ def never_fits(cluster: Cluster, job: Job) -> tuple[str, ...]:
             and not _joined_enough(cluster, job)
         ):
             reasons.append(NEVER_PODS_NOT_JOINED)
+        elif k > 1 and not reasons:
+            reasons += _unplaceable_on_empty(cluster, job)
     return tuple(reasons)
+
+
+# (cluster, the job's shape and facts) -> why it cannot be placed on the empty cluster
+_ON_EMPTY: IdentityMemo[tuple[str, ...]] = IdentityMemo(1024)
+
+
+def _unplaceable_on_empty(cluster: Cluster, job: Job) -> tuple[str, ...]:
+    """The placer's own answer on the empty cluster (every server and port free), for a
+    job the counts above let through: a sweep's 6-server ring over three 2-server pods,
+    one of them with one uplink, passed them (7 uplinks over the 3 pods), waited for
+    ever as the head of the queue and held every later job behind its reservation."""
+    key = (job.parallelism, job.model, job.collective, job.schedule)
+    return _ON_EMPTY.get((cluster,), lambda: _on_empty(cluster, job), key)
+
+
+def _on_empty(cluster: Cluster, job: Job) -> tuple[str, ...]:
+    got = _place(cluster, frozenset(cluster.server_ids), job)
+    return (NEVER_NO_LAYOUT,) if isinstance(got, Unplaceable) else ()
 
 
 def refusals(
@@ -302,6 +326,18 @@ def place_job(
     reasons = never_fits(cluster, job)
     if reasons:
         return Unplaceable(job.job_id, reasons, never_fits=True)
+    return _place(cluster, free, job, aggregator_free_gbps, ports_free, max_extra_pods)
+
+
+def _place(
+    cluster: Cluster,
+    free: Set[str],
+    job: Job,
+    aggregator_free_gbps: Mapping[str, float] | None = None,
+    ports_free: Mapping[str, int] | None = None,
+    max_extra_pods: int | None = None,
+) -> Placement | Unplaceable:
+    """`place_job` for a job `never_fits` lets through."""
     if len(free) < job.parallelism.servers:
         # what `_choose_slots` would find, without scanning the cluster: a full
         # cluster's queue asks this of every queued job at every event

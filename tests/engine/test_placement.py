@@ -813,3 +813,35 @@ def test_joined_sets_of_an_oddly_wired_hundred_pods_take_polynomial_time() -> No
     assert isinstance(placed, Placement)
     used = {cluster.server(x).pod_id for x in placed.servers}
     assert all(cluster.can_join(a, b) for a in used for b in used if a < b), used
+
+
+def test_a_job_no_layout_of_which_has_the_uplinks_never_fits() -> None:
+    """A sweep: a 6-server ring over three 2-server pods, the middle one with a single
+    uplink, passed admission's counts (7 uplinks over 3 pods), waited for ever at the
+    head of the queue, and its reservation held a 1-server job behind it on an empty
+    cluster."""
+    from app.engine.cluster import cluster_from_dict
+    from app.engine.placement import NEVER_NO_LAYOUT, never_fits, place_job
+
+    def pod(i: int, uplinks: int) -> dict[str, object]:
+        servers = [{"id": f"p{i}/s{k}"} for k in range(2)]
+        return {
+            "id": f"p{i}",
+            "uplink_ports": uplinks,
+            "tors": [{"id": f"p{i}/t0", "servers": servers}],
+        }
+
+    cluster = cluster_from_dict(
+        {
+            "pods": [pod(0, 2), pod(1, 1), pod(2, 2)],
+            "oxcs": [{"id": "o0", "ports": 5, "reconfig_ms": 25,
+                      "pod_ports": {"p0": [0, 1], "p1": [2], "p2": [3, 4]}}],
+        }
+    )  # fmt: skip
+    wide = Job("wide", Parallelism(dp=6, pp=1))
+    assert never_fits(cluster, wide) == (NEVER_NO_LAYOUT,)
+    got = place_job(cluster, frozenset(cluster.server_ids), wide)
+    assert isinstance(got, Unplaceable) and got.never_fits
+    # two pods (4 servers): p0 and p2 have the uplinks for their one pair
+    assert never_fits(cluster, Job("four", Parallelism(dp=4, pp=1))) == ()
+    assert never_fits(cluster, Job("one", Parallelism(dp=1, pp=1))) == ()
