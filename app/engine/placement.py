@@ -170,8 +170,19 @@ def _unplaceable_on_empty(cluster: Cluster, job: Job) -> tuple[str, ...]:
     job the counts above let through: a sweep's 6-server ring over three 2-server pods,
     one of them with one uplink, passed them (7 uplinks over the 3 pods), waited for
     ever as the head of the queue and held every later job behind its reservation."""
-    key = (job.parallelism, job.model, job.collective, job.schedule)
+    if _uplinks_never_short(cluster):
+        return ()
+    key = (job.parallelism, job.collective)  # what the layouts' pod pairs depend on
     return _ON_EMPTY.get((cluster,), lambda: _on_empty(cluster, job), key)
+
+
+def _uplinks_never_short(cluster: Cluster) -> bool:
+    """Every two pods can be joined and every pod has an uplink for each other pod: no
+    layout is ever short of uplinks (`_uplinks_short`), so nothing need be placed."""
+    n = len(cluster.pods)
+    return cluster.joined_pod_sets == (frozenset(p.id for p in cluster.pods),) and all(
+        p.uplink_ports >= n - 1 or p.electrical_gbps > 0 for p in cluster.pods
+    )
 
 
 def _on_empty(cluster: Cluster, job: Job) -> tuple[str, ...]:
