@@ -45,6 +45,7 @@ Redis or pydantic imports.
 from __future__ import annotations
 
 import math
+import statistics
 from collections import Counter, defaultdict
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -57,6 +58,7 @@ from .allocation import (
     PortAllocation,
     allocate_ports,
     circuits_on_switches,
+    compute_estimate_s,
     demand_of_pairs,
     held_allocation,
     ideal_iteration_s,
@@ -285,6 +287,9 @@ class JobCycle:
     # whether the job's demand in use is one its reports taught
     demand_checked: tuple[object, ...] = ()
     learned: bool = False
+    # per plan, the phase with the most bytes seen (by `RELEARN_FACTOR` steps): a plan's
+    # id does not change with its magnitude, and `demands` keeps its first phase
+    peaks: Mapping[str, DemandMatrix] = field(default_factory=dict)
     # when the controller last chose to keep what is installed for the next phase (a
     # rewiring would not have fitted its gap): phases after that run on a kept topology
     kept_at_s: float | None = None
@@ -1083,6 +1088,8 @@ def _observed(
         cycle = _refit(state.cluster, jf, cycle, ja)
     if plan_id not in cycle.demands:
         cycle = _learn_plan(state.cluster, jf, cycle, plan_id, e.demand, e.flows)
+    elif e.demand.total_bytes > RELEARN_FACTOR * _peak(cycle, plan_id).total_bytes:
+        cycle = replace(cycle, peaks={**cycle.peaks, plan_id: e.demand})
     started = e.started_at_s
     if started > e.at_s:  # reported to start after we saw it: the reporter's clock is ahead
         started = e.at_s
@@ -1109,7 +1116,9 @@ def _observed(
     cycles[e.job_id] = cycle
     state = replace(state, cycles=cycles)
     if learned is not None:
-        return _relearned(state, learned, e.at_s)
+        state, realloc = _relearned(state, learned, e.at_s)
+        if realloc:
+            return state, realloc  # the job re-planned: this phase's choice is made
     if e.job_id in state.deferred:
         gap = should_preinstall(
             cycle.arrivals,
@@ -1148,57 +1157,98 @@ def _learned_demand(
       `RELEARN_FACTOR`, the demand becomes the larger of the learned and the modelled
       bytes, pair by pair and way by way (telemetry that misses a phase never takes a
       job's circuits);
-    - compute, for a job that stated none: the period's length (phase starts, the
-      reporter's clock) less the demand's network time on the circuits it holds.
+    - compute, for a job that stated none: the period's length (the median over the
+      kept phase starts, on the reporter's clock) less the demand's network time on
+      its slice, learned again when it moves by `RELEARN_FACTOR`.
 
     In the simulator jobs state their facts and compute times, and the reports are the
-    model's, so this never fires there. Checked once per learned period, collective
-    and demand (the key kept in the cycle)."""
+    model's, so this never fires there. Checked once per learned period (whichever
+    plan it starts at), collective and demand in use (the key kept in the cycle).
+    Only the pod pairs the job is given are learned: a pair its model does not cross
+    would start with no circuit."""
     predictor = cycle.predictor
     if not cycle.confirmed_period or predictor.cycle_count < RELEARN_CYCLES:
         return None, cycle
     phases = predictor.queue
     queue = tuple(q for q in phases if q != EMPTY_PLAN_ID)
     in_use = state.demands.get(jf.job_id)
-    key: tuple[object, ...] = (queue, jf.collective, in_use)
-    if key == cycle.demand_checked or in_use is None:
+    if in_use is None or any(q not in cycle.demands for q in queue):
         return None, cycle
-    if any(q not in cycle.demands for q in queue):
+    # a rotation of the period is the same period (the queue starts at the next plan);
+    # a plan's bytes grew; every few periods (the compute time, on the latest periods)
+    key: tuple[object, ...] = (
+        tuple(sorted(queue)),
+        tuple(_peak(cycle, q).total_bytes for q in queue),
+        jf.collective,
+        in_use,
+        predictor.cycle_count // RELEARN_CYCLES,
+    )
+    if key == cycle.demand_checked:
         return None, cycle
     cycle = replace(cycle, demand_checked=key)
     cluster = state.cluster
-    pods = {cluster.server(s).pod_id for s in jf.placement.servers}
+    # only the pairs the job is given: a pair its model does not cross (a collective
+    # ordered otherwise) would start with no circuit, and nothing may shrink for it
+    given = {(a, b): n for a, b, n in in_use.pair_bytes}
     ways_seen = {
-        k: ways
-        for k, ways in pair_ways(cycle.demands[q] for q in queue).items()
-        if k[0] in pods and k[1] in pods
+        k: ways for k, ways in pair_ways(_peak(cycle, q) for q in queue).items() if k in given
     }
     seen = {k: max(ways) for k, ways in ways_seen.items()}
     demand = in_use
     job = _job_of(state, jf.job_id)
-    guessed = bool(resolve_facts(job).defaulted)
-    if guessed and _exceeds(seen, {(a, b): n for a, b, n in in_use.pair_bytes}):
+    if resolve_facts(job).defaulted and _exceeds(seen, given):
         traffic = job_traffic(
             cluster, job, jf.placement, jf.collective.algorithm, dict(jf.collective.root_tors)
         )
         modelled = pair_ways(t.pod_demand for t in traffic if t.phase in (PHASE_PP, PHASE_DP))
         if _exceeds(seen, {k: max(ways) for k, ways in modelled.items()}):
-            none = (0.0, 0.0)
             pairs = {
-                k: [
-                    max(x, y)
-                    for x, y in zip(ways_seen.get(k, none), modelled.get(k, none), strict=True)
-                ]
-                for k in ways_seen.keys() | modelled.keys()
+                k: _larger_ways(ways_seen.get(k), modelled.get(k), n) for k, n in given.items()
             }
             demand = demand_of_pairs(cluster, jf.job_id, jf.placement, pairs, in_use.compute_s)
-    if demand.compute_s == 0 and len(cycle.arrivals) > len(phases) and jf.circuits.total:
-        period_s = cycle.arrivals[-1] - cycle.arrivals[-1 - len(phases)]
-        held = {k: n for a, b, n in jf.circuits.pairs() for k in ((a, b), (b, a))}
-        compute_s = period_s - network_s(demand, held, cluster.nic_gbps)
-        if 0 < compute_s < math.inf:
+    p = len(phases)
+    if compute_estimate_s(job) == 0 and len(cycle.arrivals) > p:
+        # the median of the kept periods: a warm-up, or phases a batch delivered at one
+        # instant, do not set it for good
+        arrivals = cycle.arrivals
+        period_s = statistics.median(
+            arrivals[i + p] - arrivals[i] for i in range(len(arrivals) - p)
+        )
+        compute_s = period_s - network_s(demand, _slice_pairs(state, jf.job_id), cluster.nic_gbps)
+        was = demand.compute_s
+        if (
+            0 < compute_s < math.inf
+            and not was / RELEARN_FACTOR <= compute_s <= was * RELEARN_FACTOR
+        ):
             demand = replace(demand, compute_s=compute_s)
     return (demand if demand != in_use else None), cycle
+
+
+def _peak(cycle: JobCycle, plan_id: str) -> DemandMatrix:
+    return cycle.peaks.get(plan_id) or cycle.demands[plan_id]
+
+
+def _larger_ways(
+    seen: Sequence[float] | None, modelled: Sequence[float] | None, given: float
+) -> list[float]:
+    """A pair's bytes each way: the larger of the learned and the modelled (the bytes
+    given both ways where neither says)."""
+    if seen is None and modelled is None:
+        return [given, given]
+    none = (0.0, 0.0)
+    return [max(x, y) for x, y in zip(seen or none, modelled or none, strict=True)]
+
+
+def _slice_pairs(state: ControllerState, job_id: str) -> dict[tuple[str, str], int]:
+    """Circuits per pod pair (both orders) of the job's allocation: its pp+dp slice,
+    whichever phase's topology is installed now (a phase's own circuits leave the
+    other phase's pairs without any)."""
+    ja = state.allocation.job(job_id)
+    out: dict[tuple[str, str], int] = defaultdict(int)
+    for _, a, b, n in ja.circuits if ja is not None else ():
+        out[(a, b)] += n
+        out[(b, a)] += n
+    return dict(out)
 
 
 def _exceeds(seen: Mapping[tuple[str, str], float], given: Mapping[tuple[str, str], float]) -> bool:
@@ -1696,9 +1746,8 @@ def network_view(state: ControllerState, job_id: str) -> NetworkView | None:
     alone = ideal_iteration_s(demand, cluster.nic_gbps)
     cycle = state.cycles.get(job_id)
     if cycle is not None and cycle.learned and not shared:
-        # the plan times the modelled traffic: the learned bytes on the same circuits
-        held = {k: n for a, b, n in jf.circuits.pairs() for k in ((a, b), (b, a))}
-        net_s = max(net_s, network_s(demand, held, cluster.nic_gbps))
+        # the plan times the modelled traffic: the learned bytes on the job's slice
+        net_s = max(net_s, network_s(demand, _slice_pairs(state, job_id), cluster.nic_gbps))
     sharers = len(state.turn_order) if shared else 1
     turn_s = state.config.turn_s
     overhead = 1.0 / max(1e-9, 1.0 - state.config.reconfig_ms / 1000.0 / turn_s) if shared else 1.0

@@ -186,8 +186,22 @@ def _uplinks_never_short(cluster: Cluster) -> bool:
 
 
 def _on_empty(cluster: Cluster, job: Job) -> tuple[str, ...]:
-    got = _place(cluster, frozenset(cluster.server_ids), job)
-    return (NEVER_NO_LAYOUT,) if isinstance(got, Unplaceable) else ()
+    """Placed on every server, then (the placer picks its pods before it counts their
+    uplinks) on the pods with an uplink for each other pod of the fewest it spans: a
+    review's dp=6 job passed over pods of 2 servers and 2 uplinks for a 3-server pod
+    with 1, and was refused although the others held it."""
+    if not isinstance(_place(cluster, frozenset(cluster.server_ids), job), Unplaceable):
+        return ()
+    k = fewest_pods(cluster, job)
+    wired = frozenset(
+        s.id
+        for p in cluster.pods
+        if p.uplink_ports >= k - 1 or p.electrical_gbps > 0
+        for s in p.servers
+    )
+    if not isinstance(_place(cluster, wired, job), Unplaceable):
+        return ()
+    return (NEVER_NO_LAYOUT,)
 
 
 def refusals(

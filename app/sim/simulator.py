@@ -600,6 +600,8 @@ class Simulation:
         while self.running and not self.events:
             at = max(max((r.seg_start for r in self.running.values()), default=0.0), self.now)
             for run in list(self.running.values()):
+                if self.events:
+                    break  # a leaving job's ports let the others (or a new one) progress
                 if run.result.stalled is None:
                     run.result.stalled = "stopped: no progress possible"
                 self._leave(at, run, completed=False)

@@ -114,7 +114,7 @@ class WorkerMemory:
     written: tuple[CrossConnect, ...] | None = None
     # what each stored view was computed from: a job whose fabric entry, turn sharers
     # and cluster are the same objects as last pass keeps its view without recomputing
-    view_inputs: dict[str, tuple[Any, int, Any]] = field(default_factory=dict)
+    view_inputs: dict[str, tuple[Any, int, Any, Any]] = field(default_factory=dict)
 
 
 class FabricDriver:
@@ -374,8 +374,9 @@ class FabricDriver:
         """Stored `collective` (with `network`) of jobs whose view changed.
 
         A view is recomputed only for jobs whose inputs changed (their fabric
-        entry, the number of jobs taking turns, the usable cluster), so a pass
-        costs what the change touched, not one view per running job.
+        entry, the number of jobs taking turns, the usable cluster, their demand,
+        which the controller learns from reports without moving a circuit), so a
+        pass costs what the change touched, not one view per running job.
         """
         memory = self.memory
         assert memory is not None
@@ -387,15 +388,17 @@ class FabricDriver:
         cluster = state.cluster
         for jf in state.fabric.jobs:
             seen = memory.view_inputs.get(jf.job_id)
+            demand = state.demands.get(jf.job_id)
             if (
                 seen is not None
                 and seen[0] is jf
                 and seen[1] == sharers
                 and seen[2] is cluster
+                and seen[3] is demand
                 and jf.job_id not in memory.unviewed
             ):
                 continue
-            inputs = (jf, sharers, cluster)
+            inputs = (jf, sharers, cluster, demand)
             view = network_view(state, jf.job_id)
             body = collective_json(jf.collective, view.to_dict() if view else None)
             memory.view_inputs[jf.job_id] = inputs

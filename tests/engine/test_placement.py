@@ -845,3 +845,27 @@ def test_a_job_no_layout_of_which_has_the_uplinks_never_fits() -> None:
     # two pods (4 servers): p0 and p2 have the uplinks for their one pair
     assert never_fits(cluster, Job("four", Parallelism(dp=4, pp=1))) == ()
     assert never_fits(cluster, Job("one", Parallelism(dp=1, pp=1))) == ()
+
+
+def test_a_job_the_better_wired_pods_hold_is_not_refused() -> None:
+    """A review: the placer on the empty cluster chose a 3-server pod with 1 uplink for a
+    6-server ring, found it short and the job was refused for good, while three pods of
+    2 servers and 2 uplinks each held it."""
+    from app.engine.cluster import cluster_from_dict
+    from app.engine.placement import never_fits, place_job
+
+    sizes = [(3, 1), (2, 2), (2, 2), (2, 2)]
+    pods, ports, nxt = [], {}, 0
+    for i, (servers, uplinks) in enumerate(sizes):
+        srv = [{"id": f"p{i}/s{k}"} for k in range(servers)]
+        pods.append({"id": f"p{i}", "uplink_ports": uplinks,
+                     "tors": [{"id": f"p{i}/t0", "servers": srv}]})  # fmt: skip
+        ports[f"p{i}"] = list(range(nxt, nxt + uplinks))
+        nxt += uplinks
+    cluster = cluster_from_dict(
+        {"pods": pods, "oxcs": [{"id": "o0", "ports": nxt, "reconfig_ms": 25, "pod_ports": ports}]}
+    )
+    job = Job("six", Parallelism(dp=6, pp=1))
+    assert never_fits(cluster, job) == ()
+    free = frozenset(s.id for p in cluster.pods[1:] for s in p.servers)
+    assert isinstance(place_job(cluster, free, job), Placement)

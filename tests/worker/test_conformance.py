@@ -26,6 +26,7 @@ from app.engine.controller import (
     JobPlaced,
     PhaseObserved,
     Tick,
+    network_view,
 )
 from app.engine.plan_signature import Demand, aggregate_pod_demand
 from app.settings import Settings
@@ -86,10 +87,10 @@ def scripted(gap_s: float, b_at: float, a_done: float, phases: int = 16) -> list
 
 
 def run_simulated(
-    steps: list[Step], facts: bool = True
+    steps: list[Step], facts: bool = True, views: dict[str, Any] | None = None
 ) -> tuple[list[tuple[Any, ...]], dict[str, tuple]]:
     """`facts` False: the jobs state no model facts (the controller learns their demand
-    from the reports)."""
+    from the reports). `views`: filled with each running job's `network` at the end."""
     events: list[Event] = []
     for s in steps:
         if s.kind == "place":
@@ -102,6 +103,11 @@ def run_simulated(
             demand = aggregate_pod_demand(SMALL, [Demand(*d) for d in s.demands])
             events += [Tick(s.at), PhaseObserved(s.job, demand, s.at, s.at)]
     result = replay_trace(SMALL, CONFIG, events, switch_latency_s=LATENCY_S)
+    assert result.state is not None
+    for job in SLOTS:
+        view = network_view(result.state, job)
+        if views is not None and view is not None:
+            views[job] = view.to_dict()
     log = [_key(d.to_dict()) for _, d in result.decisions]
     scores = {}
     for job in SLOTS:
@@ -144,6 +150,7 @@ def run_worker(
     fail_commit: int | None = None,
     fail_record: int | None = None,
     facts: bool = True,
+    views: dict[str, Any] | None = None,
 ) -> tuple[list[tuple[Any, ...]], dict[str, tuple]]:
     """`settle`: after the last step, the switches confirm what is pending and the fabric
     pass runs once more, with no report after it. `fail_commit`: the traffic pass's
@@ -223,6 +230,11 @@ def run_worker(
         scores[job] = (
             (row.hits, held, row.misses, round(row.exposed_reconfig_s, 9)) if row else (0, 0, 0, 0)
         )
+    for job in SLOTS:
+        record = store.get_job(job)
+        network = ((record.collective or {}).get("network") if record else None) or None
+        if views is not None and network is not None and record and record.state == "placed":
+            views[job] = network
     store.dispose()
     return log, scores
 
@@ -236,6 +248,24 @@ def test_worker_and_simulator_agree_on_demand_learned_from_reports(tmp_path: Pat
     assert sim_log == live_log
     assert sim_scores == live_scores
     assert sim_log != run_simulated(steps)[0]  # the learning changed decisions
+
+
+def test_a_learned_compute_time_reaches_the_stored_view(tmp_path: Path) -> None:
+    """A sweep: the worker recomputed a job's `network` view only when its circuits
+    changed; a compute time learned from reports moves none, so GET /v1/jobs kept the
+    old estimate while the controller's was another."""
+    # two jobs on the same pods (each short of circuits); one plan (dp) a second apart:
+    # the job holds its topology, no circuit moves
+    steps = [Step(0.0, "place", "a"), Step(0.0, "place", "b")]
+    steps += [Step(1.0 + k, "phase", "b", _dp("b", 1)) for k in range(10)]
+    sim_views: dict[str, Any] = {}
+    live_views: dict[str, Any] = {}
+    run_simulated(steps, facts=False, views=sim_views)
+    run_worker(steps, tmp_path / "w.db", settle=True, facts=False, views=live_views)
+    assert live_views == sim_views and set(sim_views) == {"a", "b"}, (live_views, sim_views)
+    unlearned: dict[str, Any] = {}
+    run_simulated(steps[:3], facts=False, views=unlearned)  # before any compute time
+    assert sim_views["b"]["estimated_slowdown"] < unlearned["b"]["estimated_slowdown"]
 
 
 def test_worker_and_simulator_make_the_same_decisions(tmp_path: Path) -> None:
