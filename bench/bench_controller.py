@@ -19,6 +19,12 @@ times (3), each in a fresh process, and is judged on the median run's p99: on a
 shared VM the same code's p50 moved from 1.96 to 2.97 ms between consecutive runs,
 so one run's p99 says as much about the machine as about the code.
 
+`--learn`: the synthetic jobs state no model facts to the controller (it sizes
+them as the default 7B model) while their phase reports carry their real 7B, 13B
+or 70B bytes, so the controller learns their demand from the reports (see the
+README's "Traffic reports and the cycle predictor"); phases whose step changed
+the job's demand are timed apart (`phase (learned)`).
+
 Both modes run under the worker's fabric-process collector policy
 (`app.worker.gc_policy`): garbage collections between steps, not inside one, as
 the fabric process makes them between passes.
@@ -26,11 +32,13 @@ the fabric process makes them between passes.
 Run: .venv/bin/python bench/bench_controller.py [--events N]
      .venv/bin/python bench/bench_controller.py --workload bench/workloads/scatter-1500.jsonl.gz
          [--jobs 800] [--min-running 250] [--repeat 3]
+     .venv/bin/python bench/bench_controller.py --learn
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import json
 import os
@@ -196,6 +204,11 @@ def main() -> int:
         help="with --workload: replays; the bound holds the median run's p99 (one run's "
         "moves 20-40%% with this VM's speed)",
     )
+    parser.add_argument(
+        "--learn",
+        action="store_true",
+        help="synthetic jobs state no model facts; their reports carry their real bytes",
+    )
     parser.add_argument("--one-run", type=int, help=argparse.SUPPRESS)  # a child of --repeat
     args = parser.parse_args()
     if args.workload and args.one_run:
@@ -220,8 +233,11 @@ def main() -> int:
 
     def feed(kind: str, event) -> None:
         nonlocal state
+        demand = state.demands.get(event.job_id) if kind == "phase" else None
         start, cpu = time.perf_counter(), time.process_time()
         state, decisions = step(state, event)
+        if kind == "phase" and state.demands.get(event.job_id) is not demand:
+            kind = "phase (learned)"
         times[kind].append((time.perf_counter() - start) * 1000)
         cpu_times[kind].append((time.process_time() - cpu) * 1000)
         collect_if_due()
@@ -242,8 +258,9 @@ def main() -> int:
             p = place_job(cluster, free, job)
             if isinstance(p, Placement):
                 free.difference_update(p.servers)
-                placed[job.job_id] = (job, p)
-                feed("arrival", JobPlaced(job, p, now))
+                placed[job.job_id] = (job, p)  # its reports carry the real bytes
+                told = dataclasses.replace(job, model=None) if args.learn else job
+                feed("arrival", JobPlaced(told, p, now))
                 return True
         return False
 

@@ -1207,7 +1207,8 @@ def _learned_demand(
             }
             demand = demand_of_pairs(cluster, jf.job_id, jf.placement, pairs, in_use.compute_s)
     p = len(phases)
-    if compute_estimate_s(job) == 0 and len(cycle.arrivals) > p:
+    # (a job with no cross-pod pair has no network time to weigh against it)
+    if demand.pair_bytes and compute_estimate_s(job) == 0 and len(cycle.arrivals) > p:
         # the median of the kept periods: a warm-up, or phases a batch delivered at one
         # instant, do not set it for good
         arrivals = cycle.arrivals
