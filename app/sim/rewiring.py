@@ -230,7 +230,11 @@ def walk_controller(
             heapq.heappush(queue, (ev.at_s, 1, seq, ev))
         before = s.cycles[job_id].accounting
         targets: list[str] = []
-        end = base + iteration_s
+        # every phase of the iteration, also one ending as it ends (a dp tail with no
+        # optimizer step after it: counted in the next iteration, the last one never,
+        # a sweep's lightpath 1 phase of 2 where static held 2)
+        last = max(base + p.offset_s + p.duration_s for p in phases)
+        end = max(base + iteration_s, math.nextafter(last, math.inf))
         while queue and queue[0][0] < end:
             _, _, _, event = heapq.heappop(queue)
             if isinstance(event, PhaseObserved):

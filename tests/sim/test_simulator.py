@@ -285,3 +285,24 @@ def test_jobs_the_queue_starts_after_a_stall_that_cannot_progress_are_stalled_to
     jobs = simulate(cluster, workload, "lightpath").jobs
     assert [j.stalled is not None for j in jobs] == [True, True, True], [j.stalled for j in jobs]
     assert all(j.end_s is None or j.stalled for j in jobs)
+
+
+@pytest.mark.parametrize("iterations", [2, 5])
+def test_every_phase_of_a_short_job_is_counted_once(iterations: int) -> None:
+    """A sweep: with no backward or optimizer time the dp phase ends past its iteration;
+    the walk left the last one uncounted (lightpath 1 phase of 2 where static held 2)."""
+    from app.engine.cluster import cluster_from_dict
+
+    pods = [
+        {"id": f"p{i}", "uplink_ports": 2,
+         "tors": [{"id": f"p{i}/t0", "servers": [{"id": f"p{i}/s{k}"} for k in range(2)]}]}
+        for i in range(2)
+    ]  # fmt: skip
+    oxc = {"id": "o0", "ports": 4, "reconfig_ms": 25, "pod_ports": {"p0": [0, 1], "p1": [2, 3]}}
+    cluster = cluster_from_dict({"pods": pods, "oxcs": [oxc]})
+    job = _job("a", 4, 1, params=1e9, m=1, f=0.1, b=0.0, opt=0.0)
+    counts = {}
+    for policy in ("static", "lightpath"):
+        s = summarize(simulate(cluster, [WorkloadJob(job, 0.0, iterations)], policy))
+        counts[policy] = s["prediction_hits"] + s["prediction_misses"] + s["prediction_held"]
+    assert counts == {"static": iterations, "lightpath": iterations}, counts
