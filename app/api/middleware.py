@@ -142,13 +142,22 @@ class JsonBodies:
             sent = (length.isdigit() and int(length) > 0) or b"transfer-encoding" in headers
             kind = headers.get(b"content-type")
             declared = kind.decode("latin-1") if kind is not None else None
+            coding = headers.get(b"content-encoding", b"identity").decode("latin-1")
+            why = None
             if sent and not is_json(declared):
-                response = problem_response(
-                    415,
-                    "Unsupported media type",
+                why = (
                     "request bodies are JSON: send them with Content-Type: application/json"
-                    f" (this one came as {declared or 'no Content-Type'})",
-                    kind="unsupported-media-type",
+                    f" (this one came as {declared or 'no Content-Type'})"
+                )
+            elif sent and coding.strip().lower() not in ("", "identity"):
+                # the body is read as it comes: a gzip body would be a puzzling 400, and
+                # an uncompressed one labelled gzip was taken as if the label were not there
+                why = (
+                    f"request bodies are not decoded: send them with no Content-Encoding ({coding})"
+                )
+            if why is not None:
+                response = problem_response(
+                    415, "Unsupported media type", why, kind="unsupported-media-type"
                 )
                 await response(scope, receive, send)
                 return

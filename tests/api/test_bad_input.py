@@ -113,6 +113,13 @@ def test_a_body_not_sent_as_json_is_415_and_json_with_parameters_is_read(
                 assert r.headers["content-type"] == "application/problem+json"
                 assert "application/json" in r.json()["detail"]
         assert c.get("/v1/jobs").json()["jobs"] == []
+        # a body is read as sent: one labelled with a content coding is refused, not taken
+        # as if the label were absent (a sweep's plain body labelled gzip was a 201)
+        for coding in ("gzip", "br"):
+            headers = {"content-type": "application/json", "content-encoding": coding}
+            r = c.post("/v1/jobs", content=raw, headers=headers)
+            assert r.status_code == 415 and coding in r.json()["detail"], r.text
+        assert c.get("/v1/jobs").json()["jobs"] == []
         # a bodiless POST needs no type; a JSON type with parameters is JSON
         assert c.post("/v1/jobs/ok/heartbeat").status_code == 404
         r = c.post(
