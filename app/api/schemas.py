@@ -65,7 +65,9 @@ class NetworkOut(BaseModel):
     estimated_slowdown: float | None = Field(
         None,
         description="iteration time on this allocation over a non-blocking one (estimate, at "
-        "least 1); the non-blocking iteration is fixed at arrival, so failed ports only raise it",
+        "least 1); the non-blocking iteration is fixed at arrival, so failed ports only raise "
+        "it, and moves only when the job's traffic reports teach the demand or compute time "
+        "its launcher did not state",
     )
     reason: str = ""
 
