@@ -1202,6 +1202,8 @@ def _learned_demand(
         )
         modelled = pair_ways(t.pod_demand for t in traffic if t.phase in (PHASE_PP, PHASE_DP))
         if _exceeds(seen, {k: max(ways) for k, ways in modelled.items()}):
+            # never below what is in use either (a period without a pair's heavy phase
+            # took it back to the model)
             pairs = {
                 k: _larger_ways(ways_seen.get(k), modelled.get(k), n) for k, n in given.items()
             }
@@ -1232,12 +1234,14 @@ def _peak(cycle: JobCycle, plan_id: str) -> DemandMatrix:
 def _larger_ways(
     seen: Sequence[float] | None, modelled: Sequence[float] | None, given: float
 ) -> list[float]:
-    """A pair's bytes each way: the larger of the learned and the modelled (the bytes
-    given both ways where neither says)."""
+    """A pair's bytes each way: the larger of the learned and the modelled, scaled up to
+    the bytes given where both fall short of them (both ways alike where neither says)."""
     if seen is None and modelled is None:
         return [given, given]
     none = (0.0, 0.0)
-    return [max(x, y) for x, y in zip(seen or none, modelled or none, strict=True)]
+    ways = [max(x, y) for x, y in zip(seen or none, modelled or none, strict=True)]
+    top = max(ways)
+    return [w * given / top for w in ways] if 0 < top < given else ways
 
 
 def _slice_pairs(state: ControllerState, job_id: str) -> dict[tuple[str, str], int]:
@@ -1271,7 +1275,12 @@ def _relearned(
     state = replace(state, demands=demands)
     if was is not None and was.pair_bytes == demand.pair_bytes:
         return state, ()
-    return _reallocate(state, state.jobs, "prediction", at_s, grow=False, regrown=(job_id,))
+    # what waited for a compute gap goes in before the re-allocation, as before an
+    # arrival's (a review's fuzz: re-planned over pending changes, a job's circuits
+    # were left unmapped)
+    state, flushed = _apply_deferred(state, tuple(state.deferred), at_s, "phase")
+    state, made = _reallocate(state, state.jobs, "prediction", at_s, grow=False, regrown=(job_id,))
+    return state, flushed + made
 
 
 def _refit(cluster: Cluster, jf: JobFabric, cycle: JobCycle, ja: JobAllocation | None) -> JobCycle:

@@ -186,22 +186,10 @@ def _uplinks_never_short(cluster: Cluster) -> bool:
 
 
 def _on_empty(cluster: Cluster, job: Job) -> tuple[str, ...]:
-    """Placed on every server, then (the placer picks its pods before it counts their
-    uplinks) on the pods with an uplink for each other pod of the fewest it spans: a
-    review's dp=6 job passed over pods of 2 servers and 2 uplinks for a 3-server pod
-    with 1, and was refused although the others held it."""
-    if not isinstance(_place(cluster, frozenset(cluster.server_ids), job), Unplaceable):
-        return ()
-    k = fewest_pods(cluster, job)
-    wired = frozenset(
-        s.id
-        for p in cluster.pods
-        if p.uplink_ports >= k - 1 or p.electrical_gbps > 0
-        for s in p.servers
-    )
-    if not isinstance(_place(cluster, wired, job), Unplaceable):
-        return ()
-    return (NEVER_NO_LAYOUT,)
+    """The placer on every server (it leaves out a short-wired pod and tries the rest
+    itself, as it does for any layout short of uplinks)."""
+    got = _place(cluster, frozenset(cluster.server_ids), job)
+    return (NEVER_NO_LAYOUT,) if isinstance(got, Unplaceable) else ()
 
 
 def refusals(
@@ -410,7 +398,18 @@ def _place(
                 c for c in by_speed if c is not chosen and not _uplinks_short(cluster, job, c[1])
             ]
             if not servable:
-                return Unplaceable(job.job_id, (NOT_NOW_UPLINKS,))
+                # other pods, without the worst-wired of these (the slots were chosen
+                # before their uplinks were counted: a review's 12-server ring waited on
+                # an empty cluster for a 6-server pod with 1 uplink, while six pods of 2
+                # servers and 2 uplinks held it)
+                worst = min(
+                    {slot.pod_id for slot in slots},
+                    key=lambda p: (cluster.pods_by_id[p].uplink_ports, p),
+                )
+                rest = frozenset(s for s in free if cluster.server(s).pod_id != worst)
+                if len(rest) < job.parallelism.servers:
+                    return Unplaceable(job.job_id, (NOT_NOW_UPLINKS,))
+                return _place(cluster, rest, job, aggregator_free_gbps, ports_free, max_extra_pods)
             best = (servable[0][0], servable[0][1])
         if (  # cheapest tests first: most placements span one pod and stop at the second
             pods > 1

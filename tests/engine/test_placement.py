@@ -851,13 +851,19 @@ def test_a_job_the_better_wired_pods_hold_is_not_refused() -> None:
     """A review: the placer on the empty cluster chose a 3-server pod with 1 uplink for a
     6-server ring, found it short and the job was refused for good, while three pods of
     2 servers and 2 uplinks each held it."""
+    _better_wired([(3, 1), (2, 2), (2, 2), (2, 2)], 6)
+    # a review: the retry kept pods with an uplink per other pod of the fewest (4 for
+    # 12 servers: 3 uplinks), so none, while six pods of 2 uplinks held a 6-pod ring
+    _better_wired([(6, 1)] + [(2, 2)] * 6, 12)
+
+
+def _better_wired(sizes: list[tuple[int, int]], servers: int) -> None:
     from app.engine.cluster import cluster_from_dict
     from app.engine.placement import never_fits, place_job
 
-    sizes = [(3, 1), (2, 2), (2, 2), (2, 2)]
     pods, ports, nxt = [], {}, 0
-    for i, (servers, uplinks) in enumerate(sizes):
-        srv = [{"id": f"p{i}/s{k}"} for k in range(servers)]
+    for i, (size, uplinks) in enumerate(sizes):
+        srv = [{"id": f"p{i}/s{k}"} for k in range(size)]
         pods.append({"id": f"p{i}", "uplink_ports": uplinks,
                      "tors": [{"id": f"p{i}/t0", "servers": srv}]})  # fmt: skip
         ports[f"p{i}"] = list(range(nxt, nxt + uplinks))
@@ -865,7 +871,8 @@ def test_a_job_the_better_wired_pods_hold_is_not_refused() -> None:
     cluster = cluster_from_dict(
         {"pods": pods, "oxcs": [{"id": "o0", "ports": nxt, "reconfig_ms": 25, "pod_ports": ports}]}
     )
-    job = Job("six", Parallelism(dp=6, pp=1))
+    job = Job("ring", Parallelism(dp=servers, pp=1))
     assert never_fits(cluster, job) == ()
-    free = frozenset(s.id for p in cluster.pods[1:] for s in p.servers)
-    assert isinstance(place_job(cluster, free, job), Placement)
+    # placed on the empty cluster itself, not left waiting for a short-wired pod
+    got = place_job(cluster, frozenset(cluster.server_ids), job)
+    assert isinstance(got, Placement) and "p0/s0" not in got.servers, got
