@@ -1210,14 +1210,14 @@ def _learned_demand(
             demand = demand_of_pairs(cluster, jf.job_id, jf.placement, pairs, in_use.compute_s)
     p = len(phases)
     # (a job with no cross-pod pair has no network time to weigh against it)
-    if demand.pair_bytes and compute_estimate_s(job) == 0 and len(cycle.arrivals) > p:
-        # the median of the kept periods: a warm-up, or phases a batch delivered at one
-        # instant, do not set it for good
-        arrivals = cycle.arrivals
-        period_s = statistics.median(
-            arrivals[i + p] - arrivals[i] for i in range(len(arrivals) - p)
+    if (
+        demand.pair_bytes
+        and compute_estimate_s(job) == 0
+        and (iteration_s := _iteration_s(cycle.arrivals, p)) is not None
+    ):
+        compute_s = iteration_s - network_s(
+            demand, _slice_pairs(state, jf.job_id), cluster.nic_gbps
         )
-        compute_s = period_s - network_s(demand, _slice_pairs(state, jf.job_id), cluster.nic_gbps)
         was = demand.compute_s
         if (
             0 < compute_s < math.inf
@@ -1225,6 +1225,31 @@ def _learned_demand(
         ):
             demand = replace(demand, compute_s=compute_s)
     return (demand if demand != in_use else None), cycle
+
+
+# q-spaced phase starts are one iteration apart when this share of them lie within
+# STEADY_SPREAD of their median (the rest: a warm-up, a batch delivered at once)
+STEADY_SHARE = 0.8
+STEADY_SPREAD = 0.1
+STEADY_GAPS = 4  # and there are at least this many
+
+
+def _iteration_s(arrivals: Sequence[float], period: int) -> float | None:
+    """The job's iteration as its phase starts show it: the median time q phases apart
+    for the smallest multiple q of the predictor's period whose gaps agree
+    (`STEADY_SHARE` of them within `STEADY_SPREAD` of it). A warm-up, or phases a batch delivered
+    at one instant, do not move a median; and where pp and dp phases on the same pod
+    pair share a plan id the predictor's period is half an iteration, its gaps
+    alternate, and the next multiple is the iteration (a sweep's job learned half its
+    compute time, and flipped between the two every check). None: no steady spacing."""
+    n = len(arrivals)
+    for q in range(period, min(8 * period, n - STEADY_GAPS) + 1, period):
+        gaps = [arrivals[i + q] - arrivals[i] for i in range(n - q)]  # STEADY_GAPS or more
+        mid = statistics.median(gaps)
+        devs = sorted(abs(g - mid) for g in gaps)
+        if mid > 0 and devs[int(STEADY_SHARE * (len(devs) - 1))] <= STEADY_SPREAD * mid:
+            return mid
+    return None
 
 
 def _peak(cycle: JobCycle, plan_id: str) -> DemandMatrix:

@@ -306,3 +306,28 @@ def test_a_learned_pair_keeps_its_bytes_when_the_period_changes() -> None:
     now = {(x, y): n for x, y, n in state.demands["a"].pair_bytes}
     assert now[("pod-0", "pod-1")] >= 8e12  # learned again, upwards
     assert all(now[k] >= n for k, n in learned.items()), (learned, now)
+
+
+def test_pp_and_dp_on_one_pod_pair_learn_the_iteration_once() -> None:
+    """A sweep: pp and dp phases on the same pod pair share a plan id, so the predictor's
+    period is half an iteration; the compute time was read from one phase gap (0.58 s of
+    a 2 s iteration) and flipped between the two gaps at every check."""
+    p0, p1 = SMALL.pods[0].tors[0].servers, SMALL.pods[1].tors[0].servers
+    units = (
+        Unit(p0[0].id, 0, 0, 0), Unit(p1[0].id, 0, 1, 0),
+        Unit(p1[1].id, 1, 0, 0), Unit(p0[1].id, 1, 1, 0),
+    )  # fmt: skip
+    placed = JobPlaced(Job("j", Parallelism(dp=2, pp=2)), Placement("j", units), 0.0)
+    state, _ = step(new_controller(SMALL, CONFIG), placed)
+    pp = DemandMatrix.from_pairs((("pod-0", "pod-1", 1.3e8), ("pod-1", "pod-0", 1.3e8)))
+    dp = DemandMatrix.from_pairs((("pod-0", "pod-1", 3.5e9), ("pod-1", "pod-0", 3.5e9)))
+    learned = []
+    for k in range(40):
+        t = 1.0 + 2.0 * k
+        for at, demand in ((t, pp), (t + 0.6, dp)):
+            state, _ = step(state, PhaseObserved("j", demand, at, at + 0.001))
+            c = state.demands["j"].compute_s
+            if not learned or learned[-1] != c:
+                learned.append(c)
+    assert learned[0] == 0.0 and len(learned) == 2, learned
+    assert 1.9 < learned[1] < 2.0, learned
