@@ -187,14 +187,18 @@ class DecisionOut(BaseModel):
     kind: Literal["placement", "oxc", "routing"]
     job_id: str | None
     reason: Literal["arrival", "completion", "phase", "prediction", "reconcile"]
-    placement: PlacementOut | None = Field(None, description="kind placement: where it runs")
+    placement: PlacementOut | None = Field(
+        None, description="kind placement: where it runs (null for the other kinds)"
+    )
     oxc: OxcChangeOut | None = Field(
         None,
         description="kind oxc: one switch's changes for `job_id`; where a change moves "
         "ports between jobs, the jobs losing ports come first with their disconnects, then "
-        "the jobs gaining them with their connects",
+        "the jobs gaining them with their connects (null for the other kinds)",
     )
-    routing: RoutingOut | None = Field(None, description="kind routing: one job's header")
+    routing: RoutingOut | None = Field(
+        None, description="kind routing: one job's header (null for the other kinds)"
+    )
 
 
 class DecisionPage(BaseModel):

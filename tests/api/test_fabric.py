@@ -41,6 +41,10 @@ def test_cross_pod_job_gets_circuits_collective_and_routing(server: LiveServer) 
     with server.client() as c:
         r = c.post("/v1/jobs", json={"job_id": "wide", "parallelism": {"dp": 8, "pp": 2}})
         assert r.status_code == 201
+        # the 201 and a GET right after it say how it is served (a sweep read null for
+        # up to 101 ms: the fabric pass comes after the placement)
+        assert r.json()["collective"] and r.json()["network"]["mode"] == "isolated", r.json()
+        assert c.get("/v1/jobs/wide").json()["network"]["pod_ports"]
         job = eventually(lambda: (j := c.get("/v1/jobs/wide").json())["collective"] and j)
         coll = job["collective"]
         assert coll["algorithm"] in {"inc", "ring", "tree", "hierarchical_ring"}
@@ -62,6 +66,8 @@ def test_cross_pod_job_gets_circuits_collective_and_routing(server: LiveServer) 
             for b, n in row.items():
                 assert circuits[b][a] == n
         decisions = c.get("/v1/decisions", params={"limit": 1000}).json()["decisions"]
+        # every entry has every kind's key (null but its own), as the contract shows them
+        assert all({"placement", "oxc", "routing"} <= set(d) for d in decisions)
         kinds = {d["kind"] for d in decisions if d["job_id"] == "wide"}
         assert {"placement", "oxc", "routing"} <= kinds
         routing = [d["routing"] for d in decisions if d["kind"] == "routing"]
@@ -231,12 +237,15 @@ def test_jobs_short_of_ports_use_a_clusters_electrical_core(
         with live.client() as c:
             pods = c.get("/v1/cluster").json()["pods"]
             assert {p["electrical_gbps"] for p in pods} == {400.0}
-            for i in range(3):
-                r = c.post("/v1/jobs", json={"job_id": f"w{i}", "parallelism": {"dp": 10, "pp": 1}})
+            # a ring over three pods takes both uplinks of each; the next job's pods
+            # have none left it could take (each pair of the first needs its one)
+            sizes = (20, 12)
+            for i, dp in enumerate(sizes):
+                r = c.post("/v1/jobs", json={"job_id": f"w{i}", "parallelism": {"dp": dp, "pp": 1}})
                 assert r.status_code == 201, r.text
             views = {
                 f"w{i}": eventually(lambda i=i: c.get(f"/v1/jobs/w{i}").json()["network"])
-                for i in range(3)
+                for i in range(len(sizes))
             }
             electrical = [j for j, v in views.items() if v["mode"] == "electrical"]
             assert electrical, views

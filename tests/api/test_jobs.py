@@ -199,6 +199,7 @@ def test_never_fitting_job_is_refused_with_reason(server: LiveServer) -> None:
         problem = r.json()
         assert problem["type"].endswith("never-fits")
         assert "more servers than the cluster has" in problem["detail"]
+        assert problem["reason"] == problem["detail"] == "; ".join(problem["reasons"])
         # small's pods hold 8 servers: an EP group of 9 fits no pod (one of 8 would
         # span the ToRs of a pod)
         wide = c.post("/v1/jobs", json=job("wide", dp=1, pp=1, ep=9))

@@ -41,6 +41,11 @@ def render_decision(d: DecisionRecord) -> dict[str, Any]:
         "kind": d.kind,
         "job_id": d.job_id,
         "reason": d.reason,
+        # every entry has every kind's key, null but its own (a client reading `oxc` of
+        # each entry, as the contract's example shows them, met a KeyError)
+        "placement": None,
+        "oxc": None,
+        "routing": None,
     }
     out.update(d.payload)
     return out

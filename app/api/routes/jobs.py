@@ -184,7 +184,11 @@ _SUBMITTED = {
     operation_id="submitJob",
     responses={
         200: {"model": JobOut, "description": "this job_id exists with the same body"},
-        201: {"description": "placed at once", "headers": _SUBMITTED},
+        201: {
+            "description": "placed at once, with the fabric pass's `collective` and "
+            "`network` (waited for, at most 2 s)",
+            "headers": _SUBMITTED,
+        },
         202: {"model": JobOut, "description": "accepted and queued", "headers": _SUBMITTED},
         403: {
             "description": "this job_id exists, submitted with another launcher token",
@@ -276,6 +280,7 @@ def _refuse_if_it_cannot_run(services: Services, engine_job: Job) -> None:
             "; ".join(reasons),
             kind="never-fits",
             extra={
+                "reason": "; ".join(reasons),  # the contract's "422 and a reason"
                 "reasons": list(reasons),
                 "errors": [
                     {"field": "body.parallelism", "message": r, "type": "never_fits"}
@@ -307,7 +312,9 @@ async def _first_decision(
 ) -> JobRecord:
     """The new job after the scheduler's first look, waited for at most
     `admit_wait_s`; at once when too few servers are free for it (it is queued
-    whatever a pass would add; the worker still gets its message)."""
+    whatever a pass would add; the worker still gets its message). A placed job
+    comes with the fabric pass's `collective` and `network`, as `wait_for=placed`
+    gives it (a sweep read `network: null` for 47-101 ms after a 201)."""
     job_id = record.job_id
     now, free = await run_in_threadpool(
         services.store.job_and_free_servers, job_id, services.cluster.server_count
@@ -316,10 +323,11 @@ async def _first_decision(
         return replace(
             now, queue_reason=now.queue_reason or needs_servers(engine_job.servers_needed, free)
         )
+    planned = _reached("placed")
     settled = await wait_for_job(
         services,
         job_id,
-        lambda r: r.state != "queued" or r.examined,
+        lambda r: (r.state != "queued" or r.examined) and (r.state != "placed" or planned(r)),
         services.settings.admit_wait_s,
         known=now or record,
         watch=placed,
