@@ -41,10 +41,11 @@ def test_cross_pod_job_gets_circuits_collective_and_routing(server: LiveServer) 
     with server.client() as c:
         r = c.post("/v1/jobs", json={"job_id": "wide", "parallelism": {"dp": 8, "pp": 2}})
         assert r.status_code == 201
-        # the 201 and a GET right after it say how it is served (a sweep read null for
-        # up to 101 ms: the fabric pass comes after the placement)
-        assert r.json()["collective"] and r.json()["network"]["mode"] == "isolated", r.json()
-        assert c.get("/v1/jobs/wide").json()["network"]["pod_ports"]
+        # the fabric pass comes tens of milliseconds after the placement: the long-poll
+        # waits for it
+        waited = c.get("/v1/jobs/wide", params={"wait_for": "placed", "timeout_s": 5}).json()
+        assert waited["collective"] and waited["network"]["mode"] == "isolated", waited
+        assert waited["network"]["pod_ports"]
         job = eventually(lambda: (j := c.get("/v1/jobs/wide").json())["collective"] and j)
         coll = job["collective"]
         assert coll["algorithm"] in {"inc", "ring", "tree", "hierarchical_ring"}

@@ -185,8 +185,9 @@ _SUBMITTED = {
     responses={
         200: {"model": JobOut, "description": "this job_id exists with the same body"},
         201: {
-            "description": "placed at once, with the fabric pass's `collective` and "
-            "`network` (waited for, at most 2 s)",
+            "description": "placed at once; `collective` and `network` are null until the "
+            "fabric pass, tens of milliseconds later (`GET ...?wait_for=placed` waits for "
+            "them)",
             "headers": _SUBMITTED,
         },
         202: {"model": JobOut, "description": "accepted and queued", "headers": _SUBMITTED},
@@ -312,9 +313,10 @@ async def _first_decision(
 ) -> JobRecord:
     """The new job after the scheduler's first look, waited for at most
     `admit_wait_s`; at once when too few servers are free for it (it is queued
-    whatever a pass would add; the worker still gets its message). A placed job
-    comes with the fabric pass's `collective` and `network`, as `wait_for=placed`
-    gives it (a sweep read `network: null` for 47-101 ms after a 201)."""
+    whatever a pass would add; the worker still gets its message). A placed job's
+    `collective` and `network` come with the fabric pass, tens of milliseconds
+    later: waiting for them here cost every arrival 15 ms (bench_api.py's p50 at 300
+    running went 6.2 -> 22.6 ms); `wait_for=placed` waits for them."""
     job_id = record.job_id
     now, free = await run_in_threadpool(
         services.store.job_and_free_servers, job_id, services.cluster.server_count
@@ -323,11 +325,10 @@ async def _first_decision(
         return replace(
             now, queue_reason=now.queue_reason or needs_servers(engine_job.servers_needed, free)
         )
-    planned = _reached("placed")
     settled = await wait_for_job(
         services,
         job_id,
-        lambda r: (r.state != "queued" or r.examined) and (r.state != "placed" or planned(r)),
+        lambda r: r.state != "queued" or r.examined,
         services.settings.admit_wait_s,
         known=now or record,
         watch=placed,
