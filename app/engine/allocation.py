@@ -310,12 +310,12 @@ def pair_ports_needed(
 
 
 def network_s(d: JobDemand, circuits: Mapping[tuple[str, str], int], port_gbps: float) -> float:
-    """The demand's network time per iteration on `circuits` per pod pair (pod_a < pod_b):
-    its slowest pair's (infinite when a pair has none)."""
+    """The demand's network time per iteration on `circuits` per pod pair (either order:
+    `JobAllocation.pair_circuits`): its slowest pair's (infinite when a pair has none)."""
     port_bps = port_gbps * 1e9 / 8
     worst = 0.0
     for a, b, x in d.pair_bytes:
-        c = circuits.get((a, b), 0)
+        c = circuits.get((a, b)) or circuits.get((b, a), 0)
         if c <= 0:
             return math.inf
         worst = max(worst, x / (c * port_bps))

@@ -1157,8 +1157,8 @@ def _learned_demand(
       `RELEARN_FACTOR`, the demand becomes the larger of the learned and the modelled
       bytes, pair by pair and way by way (telemetry that misses a phase never takes a
       job's circuits);
-    - compute, for a job that stated none: the period's length (the median over the
-      kept phase starts, on the reporter's clock) less the demand's network time on
+    - compute, for a job that stated none: its iteration as the kept phase starts show
+      it (`_iteration_s`, on the reporter's clock) less the demand's network time on
       its slice, learned again when it moves by `RELEARN_FACTOR`.
 
     In the simulator jobs state their facts and compute times, and the reports are the
@@ -1270,15 +1270,11 @@ def _larger_ways(
 
 
 def _slice_pairs(state: ControllerState, job_id: str) -> dict[tuple[str, str], int]:
-    """Circuits per pod pair (both orders) of the job's allocation: its pp+dp slice,
-    whichever phase's topology is installed now (a phase's own circuits leave the
-    other phase's pairs without any)."""
+    """Circuits per pod pair of the job's allocation: its pp+dp slice, whichever phase's
+    topology is installed now (a phase's own circuits leave the other phase's pairs
+    without any)."""
     ja = state.allocation.job(job_id)
-    out: dict[tuple[str, str], int] = defaultdict(int)
-    for _, a, b, n in ja.circuits if ja is not None else ():
-        out[(a, b)] += n
-        out[(b, a)] += n
-    return dict(out)
+    return ja.pair_circuits() if ja is not None else {}
 
 
 def _exceeds(seen: Mapping[tuple[str, str], float], given: Mapping[tuple[str, str], float]) -> bool:
