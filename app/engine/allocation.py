@@ -49,7 +49,7 @@ from __future__ import annotations
 import functools
 import heapq
 import math
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -1395,6 +1395,30 @@ def pool_room(pool: Iterable[tuple[str, str, str, int]]) -> dict[str, dict[str, 
     """OXC -> pod -> ports, from the shared pool's (oxc, pod, pod, circuits)
     (`PortAllocation.pool`): where a turn's circuits can go."""
     return _pool_room({(o, a, b): n for o, a, b, n in pool})
+
+
+_TURN_PORTS: IdentityMemo[Counter[tuple[str, str]]] = IdentityMemo(4)
+
+
+def turn_ports(cluster: Cluster, allocation: PortAllocation) -> Counter[tuple[str, str]]:
+    """(oxc, pod) -> ports a turn's circuits may take: the shared pool's, and wired ports
+    no job's allocation (circuits, spare, the pool) holds (memoised per allocation). A
+    free port beyond them may be an isolated job's, not connected yet: a turn on it
+    leaves that job short of a circuit its allocation promised."""
+
+    def count() -> Counter[tuple[str, str]]:
+        used = allocation.used_ports()
+        out: Counter[tuple[str, str]] = Counter()
+        for o, a, b, n in allocation.pool:
+            out[(o, a)] += n
+            out[(o, b)] += n
+        for oxc in cluster.oxcs:
+            for pod, ports in oxc.pod_ports.items():
+                if len(ports) > used.get((oxc.id, pod), 0):
+                    out[(oxc.id, pod)] += len(ports) - used.get((oxc.id, pod), 0)
+        return out
+
+    return _TURN_PORTS.get((cluster, allocation), count)
 
 
 def switch_room(oxc_ports: Iterable[tuple[str, str, int]]) -> dict[str, dict[str, int]]:

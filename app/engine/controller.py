@@ -67,6 +67,7 @@ from .allocation import (
     pair_ways,
     slowdown_note,
     switch_room,
+    turn_ports,
 )
 from .circuits import PodCircuits, evaluate_circuits
 from .cluster import Cluster
@@ -101,7 +102,6 @@ from .fabric import (
     route_phases,
 )
 from .job import Collective, Job, Placement
-from .memo import IdentityMemo
 from .placement import uplinks_free
 from .plan_signature import EMPTY_PLAN_ID, PlanCatalog, classify_plan
 from .predictor import DEFAULT_ALGORITHM, PredictorState, new_predictor
@@ -1587,27 +1587,6 @@ def _pod_ports_of(cluster: Cluster, ccs: Iterable[CrossConnect]) -> Counter[tupl
     )
 
 
-_UNPROMISED: IdentityMemo[Counter[tuple[str, str]]] = IdentityMemo(4)
-
-
-def _unpromised(cluster: Cluster, allocation: PortAllocation) -> Counter[tuple[str, str]]:
-    """(oxc, pod) -> wired ports no job's allocation (circuits, spare, the pool) holds
-    (memoised per allocation)."""
-
-    def count() -> Counter[tuple[str, str]]:
-        used = allocation.used_ports()
-        return Counter(
-            {
-                (o.id, pod): len(ports) - used.get((o.id, pod), 0)
-                for o in cluster.oxcs
-                for pod, ports in o.pod_ports.items()
-                if len(ports) > used.get((o.id, pod), 0)
-            }
-        )
-
-    return _UNPROMISED.get((cluster, allocation), count)
-
-
 def _unrouted(
     cluster: Cluster, flows: Sequence[Flow], fabric: FabricPlan | None, job_id: str
 ) -> bool:
@@ -1710,7 +1689,7 @@ def _rotate_to(
     old = tuple(cc for cc in state.desired if cc.job_id in pair)
     # within the shared pool's ports on each switch and those nobody's allocation has (a
     # free port beyond them may be an isolated job's, not connected yet)
-    budget = _circuit_ports(state.allocation.pool) + _unpromised(state.cluster, state.allocation)
+    budget = turn_ports(state.cluster, state.allocation)
     mapping = map_cross_connects(
         state.cluster, {head.job_id: head.plan.circuits}, old, occupied, budget
     )

@@ -46,6 +46,7 @@ from .allocation import (
     pair_circuits,
     pool_room,
     switch_room,
+    turn_ports,
 )
 from .circuits import CircuitPlan, PodCircuits, evaluate_circuits, plan_circuits
 from .cluster import Cluster
@@ -482,6 +483,13 @@ def plan_fabric(
             pass  # mapped on the allocated OXCs below
         elif installs and d.plan.circuits.total:
             wanted[job_id] = d.plan.circuits
+    turn: dict[str, PodCircuits] = {}
+    if allocation is not None and tdm and tdm[0] in wanted:
+        # the turn holder's circuits go on the pool's ports and on ports nobody's
+        # allocation has, mapped after the isolated jobs': a free port beyond them may
+        # be an isolated job's, not connected yet (hypothesis found a turn passed on at
+        # a completion taking a port a growing job was just given: it went short)
+        turn[tdm[0]] = wanted.pop(tdm[0])
     moving = [cc for j in holding - untouched_jobs for cc in held.by_job[j]]
     if moving:
         # the held cross-connects of untouched jobs, in their order (filtered in C: a
@@ -517,6 +525,21 @@ def plan_fabric(
         )
         if len(fresh.unmapped) < len(rest.unmapped):
             rest = fresh
+    if turn and allocation is not None:
+        on_pool = map_cross_connects(
+            cluster,
+            turn,
+            _of_jobs(now, turn),
+            occupied.union(_ports(rest.cross_connects)),
+            turn_ports(cluster, allocation),
+        )
+        rest = replace(
+            rest,
+            cross_connects=rest.cross_connects + on_pool.cross_connects,
+            unmapped=rest.unmapped + on_pool.unmapped,
+            kept=rest.kept + on_pool.kept,
+            added=rest.added + on_pool.added,
+        )
     mapping = replace(
         rest,
         cross_connects=tuple(

@@ -982,6 +982,7 @@ def test_a_turn_begun_while_a_job_waits_for_its_gap_takes_the_ports_it_leaves() 
 @example(seed=1552728491, shape=(4, 4, 4))
 @example(seed=127, shape=(3, 4, 4))
 @example(seed=49549, shape=(3, 4, 4))
+@example(seed=35, shape=(4, 3, 3))
 def test_on_small_fabrics_every_circuit_a_turn_plans_is_mapped(
     seed: int, shape: tuple[int, int, int]
 ) -> None:
@@ -992,7 +993,8 @@ def test_on_small_fabrics_every_circuit_a_turn_plans_is_mapped(
     were freed) and an isolated job every circuit of what it was last rewired for
     (1552728491: a phase's own circuits, counted per pod, were 4 on pods 0-2 where its
     ports made 2; 49549: those of the phase a job holds stay what they were when a
-    completion only grows its allocation)."""
+    completion only grows its allocation; 35: a turn passed on at a completion was
+    mapped onto a port an isolated job had just been given, which then went short)."""
     cluster = _pods_oxcs(*shape)
     for at, what, state in _busy_fabric(seed, jobs=6, faults=2, cluster=cluster):
         fabric = state.fabric
