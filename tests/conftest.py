@@ -2,6 +2,12 @@
 
 PostgreSQL tests get a database of their own per test run, dropped at the end.
 Set LIGHTPATH_TEST_POSTGRES_URL to point elsewhere (default: the local server).
+
+Hypothesis runs derandomised by default (profile `ci`): a commit's property tests
+draw the same examples on every machine, so a run that passed here passes in CI and
+a failure reproduces. `HYPOTHESIS_PROFILE=explore` draws fresh random examples on
+every run, to hunt for new counterexamples (each one found goes in as an
+`@example`).
 """
 
 from __future__ import annotations
@@ -13,12 +19,17 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 import redis
+from hypothesis import settings
 from sqlalchemy import create_engine, text
 
 from app.settings import Settings
 from app.store.migrate import upgrade_to_head
 from app.store.tables import metadata
 from tests.support import LiveServer
+
+settings.register_profile("ci", derandomize=True, print_blob=True)
+settings.register_profile("explore", derandomize=False, print_blob=True)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 REDIS_URL = os.environ.get("LIGHTPATH_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
 ADMIN_URL = os.environ.get(
