@@ -74,6 +74,37 @@ def _load_cluster(settings: Settings):  # type: ignore[no-untyped-def]
         raise typer.Exit(2) from exc
 
 
+def _refuse_wrong_cluster(settings: Settings, topology: object) -> None:
+    """Exit 2 when the placed jobs in the database are on none of the cluster's servers:
+    a worker on the wrong cluster file (one started without LIGHTPATH_CLUSTER reads the
+    `small` preset) left those jobs out of its plan and tore down every circuit they held
+    on switches with the same ids. A database not reachable or not migrated yet is the
+    runtime's to wait for: nothing is checked then."""
+    import concurrent.futures
+
+    from app.wiring import build_store
+    from app.worker.loop import wrong_cluster_file
+
+    def read() -> dict[str, list[str]]:
+        store = build_store(settings)
+        try:
+            return store.server_holders()
+        finally:
+            store.dispose()
+
+    pool = concurrent.futures.ThreadPoolExecutor(1)
+    try:
+        holders = pool.submit(read).result(timeout=5.0)  # an unanswering host: not checked
+    except Exception:
+        return
+    finally:
+        pool.shutdown(wait=False)
+    reason = wrong_cluster_file(topology, holders)  # type: ignore[arg-type]
+    if reason is not None:
+        typer.echo(f"error: {reason} (refusing to drive the switches)", err=True)
+        raise typer.Exit(2)
+
+
 # seconds SIGTERM waits for requests in flight (long-polls answer at once on shutdown)
 GRACEFUL_SHUTDOWN_S = 5
 
@@ -137,6 +168,7 @@ def serve(host: HostOpt = "127.0.0.1", port: PortOpt = 8080, cluster: ClusterOpt
     from app.wiring import build_runtime
 
     upgrade_to_head(settings)
+    _refuse_wrong_cluster(settings, topology)
     runtime = build_runtime(settings, topology)
     runtime.start(load_solver_now=False)  # once serving: start-up stays short
     log.info(
@@ -208,6 +240,7 @@ def worker(
     from app.wiring import build_worker_runtime
     from app.worker.http import create_worker_app
 
+    _refuse_wrong_cluster(settings, topology)
     runtime = build_worker_runtime(settings, topology)
     runtime.start()
     host = metrics_host or settings.worker_metrics_host

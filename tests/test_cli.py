@@ -449,3 +449,42 @@ def test_simulate_prints_user_text_as_written(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert "lab [/] rack $^$" in done.stdout
     assert (out / "evaluation.png").stat().st_size > 0
+
+
+def test_a_worker_on_a_cluster_file_holding_no_placed_job_refuses_to_start(
+    tmp_path: Path,
+) -> None:
+    """An audit restarted a seed-15k worker on the `small` preset: it left every placed
+    job out of its plan and disconnected all their circuits on the switches whose ids
+    `small` shares (oxc-0, oxc-1: 108 and 106 cross-connects to 0). `worker` and
+    `serve` now refuse to start on a cluster file that holds none of two or more placed
+    jobs' servers, with an error that says why."""
+    from app.engine.cluster import preset
+    from app.engine.queue import QueuePolicy
+    from app.store.migrate import upgrade_to_head
+    from app.wiring import build_store
+    from app.worker.scheduler import schedule
+
+    url = f"sqlite:///{tmp_path}/lp.db"
+    settings = Settings(database_url=url)
+    upgrade_to_head(settings)
+    store = build_store(settings)
+    for job_id in ("a", "b"):
+        body = {"job_id": job_id, "parallelism": {"dp": 64, "pp": 1, "ep": 1}}
+        store.submit_job(job_id, body, job_id, servers_needed=64, priority=0, deadline=None)
+    schedule(store, preset("seed-15k"), QueuePolicy.FIFO, backfill=True, reason="arrival")
+    assert {store.get_job(j).state for j in ("a", "b")} == {"placed"}  # type: ignore[union-attr]
+    store.dispose()
+    env = {**os.environ, "LIGHTPATH_DATABASE_URL": url, "LIGHTPATH_WORKER_METRICS_PORT": "0"}
+    commands = (["worker", "--cluster", "small"], ["serve", "--cluster", "small", "--port", "0"])
+    for command in commands:
+        result = subprocess.run(
+            [sys.executable, "-m", "app.cli", *command],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=env,
+        )
+        assert result.returncode == 2, result.stderr
+        assert "holds none of the 2 placed jobs' servers" in result.stderr, result.stderr
+        assert "Traceback" not in result.stderr

@@ -17,7 +17,10 @@ the decisions it returns. `step(state, event) -> (state, decisions)`:
   job holds its pp+dp topology), and only for a plan whose own circuits finish it
   faster than the held ones. Routing headers follow every rewiring.
 - `SwitchConfirmed`: what the switches hold, and when. A job's change is
-  confirmed when all its desired cross-connects are held.
+  confirmed when all its desired cross-connects are held. A cross-connect the
+  switches had confirmed and no longer hold while the job still wants it (a switch
+  restarted empty, or one that cannot be read: the worker leaves those out) lost
+  the job its topology: it waits for the circuits again, as after a change.
 - `Tick`: the clock; rotates the turn on shared ports (each turn pays its
   reconfiguration, as every change waits for its confirmation).
 
@@ -241,6 +244,9 @@ class Install:
     target: str
     requested_at_s: float
     confirmed_at_s: float | None = None
+    # circuits the switches lost put back, not a rewiring the controller chose: its
+    # wait is exposed time, but says nothing of whether rewirings fit their gaps
+    restore: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -1011,7 +1017,18 @@ def _confirmed(state: ControllerState, e: SwitchConfirmed) -> ControllerState:
     for cc in state.desired:
         mine.setdefault(cc.job_id, set()).add(cc.key)
     cycles = dict(state.cycles)
-    for job_id, cycle in state.cycles.items():
+    gone = state.confirmed - e.held
+    for job_id, keys in mine.items() if gone else ():
+        cycle = cycles.get(job_id)
+        if cycle is None or not (keys & gone):
+            continue
+        if cycle.installs and cycle.installs[-1].confirmed_at_s is None:
+            continue  # its change waits for a confirmation anyway
+        # the switches lost circuits they had confirmed for it: until they hold them
+        # again its phases run without its topology (scored as they come)
+        lost = Install(cycle.target, e.at_s, restore=True)
+        cycles[job_id] = replace(cycle, installs=(cycle.installs + (lost,))[-INSTALLS_KEPT:])
+    for job_id, cycle in cycles.items():
         if not cycle.installs or cycle.installs[-1].confirmed_at_s is not None:
             continue
         if not mine.get(job_id, set()) <= e.held:
@@ -1058,6 +1075,8 @@ def _score(cycle: JobCycle, plan_id: str, started_at_s: float, *, timed: bool = 
         # confirmed after its phase began did not fit, and the job holds until
         # rewirings fit again (a sweep's 30 ms gaps: 55 of 80 phases missed while every
         # rewiring was estimated to fit, decided 11-34 ms ahead of a 25 ms switch)
+        if install.restore:
+            return replace(cycle, accounting=cycle.accounting.plus("miss", exposed))
         fits = (cycle.fits + (False,))[-max(2, len(cycle.fits)) :]
         return replace(cycle, fits=fits, accounting=cycle.accounting.plus("miss", exposed))
     if install.target == plan_id:

@@ -8,7 +8,7 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from app.api.routes.ops import NotReady, readiness
+from app.api.routes.ops import NotReady, readiness, switches_ready
 
 
 def create_worker_app(runtime: Any) -> FastAPI:
@@ -32,7 +32,7 @@ def create_worker_app(runtime: Any) -> FastAPI:
         probes = [
             ("database", services.store.ping),
             ("bus", services.bus.ping),
-            ("southbound", services.southbound.list_oxcs),
+            ("southbound", lambda: switches_ready(services.southbound, services.cluster)),
         ]
         if fabric_process is not None:  # the planner's own process (`lightpath worker`)
             probes.append(("fabric", fabric))

@@ -67,6 +67,30 @@ class CommandBus(Protocol):
     def announce(self, change: JobsChanged) -> None: ...
 
 
+def orphaned_jobs(cluster: Cluster, holders: Mapping[str, list[str]]) -> dict[str, list[str]]:
+    """Job -> its servers the cluster does not have, for every job holding any."""
+    known = set(cluster.server_ids)
+    return {
+        job_id: [s for s in servers if s not in known]
+        for job_id, servers in holders.items()
+        if not known.issuperset(servers)
+    }
+
+
+def wrong_cluster_file(cluster: Cluster, holders: Mapping[str, list[str]]) -> str | None:
+    """Why the cluster file is likely the wrong one (two or more placed jobs, none of
+    which it holds), or None. A worker that drove the switches on it would leave those
+    jobs out of the fabric and tear down every circuit they hold (`lightpath worker`
+    and `serve` refuse to start on it)."""
+    orphans = orphaned_jobs(cluster, holders)
+    if len(orphans) < 2 or len(orphans) != len(holders):
+        return None
+    return (
+        f"the cluster file ({cluster.name}) holds none of the {len(orphans)} placed jobs' "
+        "servers: is LIGHTPATH_CLUSTER (or --cluster) the right one?"
+    )
+
+
 class Worker:
     """Runs the engine on every wake-up; only the lease holder drives the cluster.
 
@@ -141,13 +165,8 @@ class Worker:
         if self._orphans_checked:
             return set()
         holders = self.store.server_holders()
-        known = set(self.cluster.server_ids)
-        orphans = {
-            job_id: [s for s in servers if s not in known]
-            for job_id, servers in holders.items()
-            if not known.issuperset(servers)
-        }
-        if len(orphans) >= 2 and len(orphans) == len(holders):
+        orphans = orphaned_jobs(self.cluster, holders)
+        if wrong_cluster_file(self.cluster, holders) is not None:
             log.error(
                 "no placed job fits the cluster file: is it the right one? "
                 "Those jobs are not failed; the fabric leaves them out",

@@ -166,9 +166,13 @@ class SwitchController:
             self.last = result
         if self.on_confirmed is not None:
             # what every OXC holds now (the last read of each), timed by the caller's
-            # clock: hits are scored on it
+            # clock: hits are scored on it. A switch that cannot be read confirms
+            # nothing: its last read would count phases as hits while it is dead, and
+            # through its restart empty
             for o, c in result.confirmed.items():
                 self._held[o] = frozenset((o, a, b) for a, b in c.cross_connects)
+            for o in self._unreachable or ():
+                self._held.pop(o, None)
             self.on_confirmed(frozenset().union(*self._held.values()))
         self.metrics.reconfigurations.inc(len(result.applied))
         for err in result.errors:
@@ -203,6 +207,7 @@ class SwitchController:
         self._saved = None
         self._unreachable = None
         self._settled.clear()
+        self._held.clear()
         self._full_next = True
 
     def _deposed(self, result: ReconcileResult) -> ReconcileResult:

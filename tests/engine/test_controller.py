@@ -117,6 +117,33 @@ def test_phases_waiting_through_one_switch_outage_count_its_time_once() -> None:
     assert abs(state.cycles["a"].accounting.exposed_s - 0.48) < 1e-9
 
 
+def test_circuits_the_switches_lose_make_misses_not_held_phases_until_restored() -> None:
+    """A switch restarted empty (or one that cannot be read, which the worker leaves out
+    of what is held): an audit saw `hits` grow by 8 through an 8 s outage and 4 more
+    after the restart, nothing exposed. Phases from when the loss is seen to when the
+    switches hold the job's circuits again are misses, their wait exposed once; the
+    job's rewirings are not judged by it (nothing was switched for a phase)."""
+    pj = cross_job("a")
+    state, _ = step(new_controller(SMALL, CONFIG), placed(pj))
+    held = frozenset(cc.key for cc in state.desired)
+    state, _ = step(state, SwitchConfirmed(held, 0.05))
+    for event in phases("a", 0.1, 0.010, 20):
+        state, _ = step(state, event)
+    before, fits = state.cycles["a"].accounting, state.cycles["a"].fits
+    assert before.misses == 0 and before.held == 20
+    state, _ = step(state, SwitchConfirmed(frozenset(), 1.0))  # the switches lost them
+    for event in phases("a", 1.01, 0.010, 20):
+        state, _ = step(state, event)
+    state, _ = step(state, SwitchConfirmed(held, 1.5))  # put back
+    for event in phases("a", 2.0, 0.010, 10):
+        state, _ = step(state, event)
+    acc = state.cycles["a"].accounting
+    assert acc.misses == 20 and acc.held == 30 and acc.hits == 0, acc
+    assert abs(acc.exposed_s - 0.49) < 1e-9, acc
+    assert acc.reconfigurations == before.reconfigurations  # the controller changed nothing
+    assert state.cycles["a"].fits == fits
+
+
 def test_long_gaps_rewire_per_phase_with_hits_and_nothing_exposed() -> None:
     pj = cross_job("a")
     result = replay_trace(SMALL, CONFIG, [placed(pj), *phases("a", 1.0, 0.5, 30)])

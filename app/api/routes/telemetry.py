@@ -209,7 +209,9 @@ async def get_prediction(
     A phase is a hit when the switches had confirmed the topology planned for it
     before it started, held when it ran on a topology the controller chose to
     keep, a miss otherwise; `exposed_reconfig_s` is time phases waited on circuits
-    still being switched.
+    still being switched. A switch that cannot be read confirms nothing, and while
+    the switches no longer hold circuits they had confirmed for the job (a switch
+    dead or restarted empty) its phases are misses until the circuits are back.
     """
     record = await run_in_threadpool(services.store.get_job, job_id)
     if record is None:
