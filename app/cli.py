@@ -75,31 +75,35 @@ def _load_cluster(settings: Settings):  # type: ignore[no-untyped-def]
 
 
 def _refuse_wrong_cluster(settings: Settings, topology: object) -> None:
-    """Exit 2 when the placed jobs in the database are on none of the cluster's servers:
-    a worker on the wrong cluster file (one started without LIGHTPATH_CLUSTER reads the
-    `small` preset) left those jobs out of its plan and tore down every circuit they held
-    on switches with the same ids. A database not reachable or not migrated yet is the
-    runtime's to wait for: nothing is checked then."""
-    import concurrent.futures
+    """Exit 2 when the database's placed jobs or circuits do not fit the cluster file: a
+    worker on the wrong one (one started without LIGHTPATH_CLUSTER reads the `small`
+    preset) left those jobs out of its plan and tore down every circuit they held on
+    switches with the same ids. A database not reachable or not migrated yet is the
+    runtime's to wait for: nothing is checked then (at most 5 s are spent on it, on a
+    daemon thread: a host that never answers does not hold up start-up or SIGTERM)."""
+    import threading
 
+    from app.store.fabric_repository import FabricRepository
     from app.wiring import build_store
     from app.worker.loop import wrong_cluster_file
 
-    def read() -> dict[str, list[str]]:
+    found: list[str | None] = []
+
+    def read() -> None:
         store = build_store(settings)
         try:
-            return store.server_holders()
+            holders = store.server_holders()
+            desired = FabricRepository(store).load_desired()
+            found.append(wrong_cluster_file(topology, holders, desired))  # type: ignore[arg-type]
+        except Exception:
+            return
         finally:
             store.dispose()
 
-    pool = concurrent.futures.ThreadPoolExecutor(1)
-    try:
-        holders = pool.submit(read).result(timeout=5.0)  # an unanswering host: not checked
-    except Exception:
-        return
-    finally:
-        pool.shutdown(wait=False)
-    reason = wrong_cluster_file(topology, holders)  # type: ignore[arg-type]
+    thread = threading.Thread(target=read, name="cluster-check", daemon=True)
+    thread.start()
+    thread.join(5.0)
+    reason = found[0] if found else None
     if reason is not None:
         typer.echo(f"error: {reason} (refusing to drive the switches)", err=True)
         raise typer.Exit(2)

@@ -488,3 +488,37 @@ def test_a_worker_on_a_cluster_file_holding_no_placed_job_refuses_to_start(
         assert result.returncode == 2, result.stderr
         assert "holds none of the 2 placed jobs' servers" in result.stderr, result.stderr
         assert "Traceback" not in result.stderr
+
+
+def test_a_worker_whose_database_never_answers_still_stops_on_sigterm() -> None:
+    """A verification pointed the worker at a listener that never answers: the start-up
+    cluster check's connection (no connect timeout) kept the process alive 30 s past
+    SIGTERM (the tree before it exited 6.4 s after). The check gives up after 5 s on a
+    daemon thread, so start-up goes on and SIGTERM stops the worker as before."""
+    import signal
+    import socket
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)  # accepts (the kernel's backlog) and never answers
+    port = listener.getsockname()[1]
+    env = {
+        **os.environ,
+        "LIGHTPATH_DATABASE_URL": f"postgresql://postgres@127.0.0.1:{port}/nowhere",
+        "LIGHTPATH_WORKER_METRICS_PORT": "0",
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "app.cli", "worker", "--cluster", "small"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=env,
+    )
+    try:
+        time.sleep(7.0)  # past the check's 5 s
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        listener.close()

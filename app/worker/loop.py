@@ -29,13 +29,14 @@ import logging
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from app.bus.errors import BusError
 from app.bus.messages import AdmitJob, CompleteJob, Delivery, JobsChanged, Message, ReportTraffic
 from app.bus.outage import OutageLog
 from app.engine.cluster import Cluster
+from app.engine.cross_connects import CrossConnect
 from app.engine.job import JobState
 from app.engine.job_lease import expired_leases
 from app.logs import log_pass_failure
@@ -77,11 +78,23 @@ def orphaned_jobs(cluster: Cluster, holders: Mapping[str, list[str]]) -> dict[st
     }
 
 
-def wrong_cluster_file(cluster: Cluster, holders: Mapping[str, list[str]]) -> str | None:
-    """Why the cluster file is likely the wrong one (two or more placed jobs, none of
-    which it holds), or None. A worker that drove the switches on it would leave those
+def wrong_cluster_file(
+    cluster: Cluster, holders: Mapping[str, list[str]], desired: Iterable[CrossConnect] = ()
+) -> str | None:
+    """Why the cluster file is likely the wrong one, or None: the stored plan has
+    cross-connects on switches or ports the file lacks, or two or more jobs are placed
+    and it holds none of them. A worker that drove the switches on it would leave those
     jobs out of the fabric and tear down every circuit they hold (`lightpath worker`
-    and `serve` refuse to start on it)."""
+    and `serve` refuse to start on it). Retired pods keep their switches and ports (only
+    their wiring goes): their jobs are failed `cluster_changed` instead."""
+    ports = {o.id: o.ports for o in cluster.oxcs}
+    stray = {cc.oxc_id for cc in desired if max(cc.port_a, cc.port_b) >= ports.get(cc.oxc_id, 0)}
+    if stray:
+        shown = ", ".join(sorted(stray)[:3]) + (", ..." if len(stray) > 3 else "")
+        return (
+            f"the cluster file ({cluster.name}) lacks switches or ports the stored plan "
+            f"holds circuits on ({shown}): is LIGHTPATH_CLUSTER (or --cluster) the right one?"
+        )
     orphans = orphaned_jobs(cluster, holders)
     if len(orphans) < 2 or len(orphans) != len(holders):
         return None

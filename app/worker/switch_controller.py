@@ -169,11 +169,13 @@ class SwitchController:
             # clock: hits are scored on it. A switch that cannot be read confirms
             # nothing: its last read would count phases as hits while it is dead, and
             # through its restart empty
-            for o, c in result.confirmed.items():
-                self._held[o] = frozenset((o, a, b) for a, b in c.cross_connects)
-            for o in self._unreachable or ():
-                self._held.pop(o, None)
-            self.on_confirmed(frozenset().union(*self._held.values()))
+            with self._reachability_lock:
+                for o, c in result.confirmed.items():
+                    self._held[o] = frozenset((o, a, b) for a, b in c.cross_connects)
+                for o in self._unreachable or ():
+                    self._held.pop(o, None)
+                held = frozenset().union(*self._held.values())
+            self.on_confirmed(held)
         self.metrics.reconfigurations.inc(len(result.applied))
         for err in result.errors:
             self.metrics.reconcile_errors.labels(err.code).inc()
@@ -197,6 +199,12 @@ class SwitchController:
                 except Fenced:
                     return  # no longer the leader: the pass ends fenced, nothing written
                 self._unreachable = unreachable
+            # nor does it confirm anything from now: a hung switch's retries hold the pass
+            # for ~33 s, through which its last read scored every phase as served
+            dropped = self._held.pop(oxc_id, None) is not None
+            held = frozenset().union(*self._held.values())
+        if dropped and self.on_confirmed is not None:
+            self.on_confirmed(held)
 
     def reset(self) -> None:
         """Forget what the confirmed table holds (a new leader reads it once)."""

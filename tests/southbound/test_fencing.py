@@ -351,6 +351,8 @@ class _DeadDriver:
         self.cluster = cluster
         self.inner = InProcessDriver.for_cluster(cluster, reconfig_ms=0.0)
         self.dead: set[str] = set()
+        self.hung = threading.Event()  # set: a dead switch's retries hang until cleared
+        self.release = threading.Event()
 
     def apply(self, oxc_id: str, *args: Any, **kw: Any) -> None:
         if oxc_id in self.dead:
@@ -359,6 +361,9 @@ class _DeadDriver:
 
     def read(self, oxc_id: str, *, token: int | None = None) -> ConfirmedState:
         if oxc_id in self.dead:
+            if self.hung.is_set() and getattr(self, "timed_out", False):
+                self.release.wait(10)
+            self.timed_out = True
             raise SwitchTimeout(f"{oxc_id} did not answer")
         return self.inner.read(oxc_id, token=token)
 
@@ -371,19 +376,28 @@ class _DeadDriver:
         self.inner.close()
 
 
+def _one_circuit_on_two_switches(
+    cluster: Cluster,
+) -> tuple[str, str, _DeadDriver, SwitchController, list[frozenset[tuple[str, int, int]]]]:
+    """Job `a` with a circuit on each of two switches, installed and confirmed; what the
+    controller is told is confirmed, pass by pass."""
+    first, second = (o.id for o in cluster.oxcs[:2])
+    desired = [CrossConnect(first, 0, 1, "a"), CrossConnect(second, 0, 1, "a")]
+    driver = _DeadDriver(cluster)
+    controller, _ = _controller(driver, cluster, desired, _Lease(1))
+    told: list[frozenset[tuple[str, int, int]]] = []
+    controller.on_confirmed = told.append
+    controller.run_once()
+    assert told[-1] == {(first, 0, 1), (second, 0, 1)}
+    return first, second, driver, controller, told
+
+
 def test_a_switch_that_cannot_be_read_confirms_nothing(small_cluster: Cluster) -> None:
     """An audit killed the mock switches for 8 s while a job reported phases: its `hits`
     grew through the outage, as the controller was told the dead switch's last read.
     What is confirmed leaves out a switch no pass could read, until it is read again
     (restarted empty, its circuits go back and are confirmed then)."""
-    first, second = (o.id for o in small_cluster.oxcs[:2])
-    desired = [CrossConnect(first, 0, 1, "a"), CrossConnect(second, 0, 1, "a")]
-    driver = _DeadDriver(small_cluster)
-    controller, _ = _controller(driver, small_cluster, desired, _Lease(1))
-    told: list[frozenset[tuple[str, int, int]]] = []
-    controller.on_confirmed = told.append
-    controller.run_once()
-    assert told[-1] == {(first, 0, 1), (second, 0, 1)}
+    first, second, driver, controller, told = _one_circuit_on_two_switches(small_cluster)
     driver.dead.add(first)
     controller.run_once()
     assert told[-1] == {(second, 0, 1)}
@@ -391,3 +405,24 @@ def test_a_switch_that_cannot_be_read_confirms_nothing(small_cluster: Cluster) -
     controller.run_once()
     assert told[-1] == {(first, 0, 1), (second, 0, 1)}
     assert _held(driver.inner) >= {(first, 0, 1), (second, 0, 1)}
+
+
+def test_a_hung_switch_confirms_nothing_while_its_retries_run(small_cluster: Cluster) -> None:
+    """A verification SIGSTOPped the switches for 40 s: for the first 33 s (the pass's
+    retries) phases were still scored on the hung switch's last read. Its circuits
+    leave what is confirmed at its first failed read, before the pass ends."""
+    first, second, driver, controller, told = _one_circuit_on_two_switches(small_cluster)
+    driver.dead.add(first)
+    driver.hung.set()
+    thread = threading.Thread(target=controller.run_once)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 10
+        while told[-1] != {(second, 0, 1)}:
+            assert time.monotonic() < deadline, "the hung switch still confirms its circuits"
+            time.sleep(0.01)
+        assert thread.is_alive()  # still retrying: told before the pass ended
+    finally:
+        driver.release.set()
+        thread.join(10)
+    assert told[-1] == {(second, 0, 1)}

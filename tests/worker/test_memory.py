@@ -468,6 +468,26 @@ def test_a_cluster_file_that_fits_no_placed_job_fails_none_of_them(store: Store)
     assert right.retire_orphans() == set()  # on the right file: nothing to do
 
 
+def test_a_stored_plan_on_switches_the_cluster_file_lacks_marks_the_wrong_file() -> None:
+    """A verification got past the start-up refusal: with one small seed-15k job on
+    servers whose names `small` also has, `lightpath worker --cluster small` started,
+    failed the other jobs `cluster_changed` and tore down 24 cross-connects on oxc-0 and
+    oxc-1. The stored plan's circuits on switches (or ports) the file lacks say so too;
+    retired pods keep their switches and ports, and do not."""
+    from app.worker.loop import wrong_cluster_file
+
+    holders = {"a": ["pod-0/tor-0/srv-0"], "b": ["pod-20/tor-0/srv-0"]}
+    on_oxc_9 = [CrossConnect("oxc-9", 0, 40, "b")]
+    reason = wrong_cluster_file(SMALL, holders, on_oxc_9)
+    assert reason is not None and "(oxc-9)" in reason and "(small)" in reason
+    past_the_ports = [CrossConnect("oxc-0", 3, 200, "b")]
+    assert wrong_cluster_file(SMALL, holders, past_the_ports) is not None
+    assert wrong_cluster_file(SMALL, holders, [CrossConnect("oxc-0", 0, 1, "a")]) is None
+    assert wrong_cluster_file(SMALL, {"a": ["pod-20/tor-0/srv-0"]}, ()) is None  # one: retired
+    seed = preset("seed-15k")  # pods retired: their switches and ports stay in the file
+    assert wrong_cluster_file(seed, holders, [CrossConnect("oxc-9", 0, 300, "b")]) is None
+
+
 def test_a_worker_told_to_stop_while_waiting_for_messages_admits_nothing(store: Store) -> None:
     """A drive SIGTERMed the worker: it placed a job 0.2 s later, after its fabric pass
     had stopped, and the job went unplanned (`network` null) until the next leader."""
