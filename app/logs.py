@@ -13,6 +13,7 @@ import logging
 import re
 import sys
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy.exc import DisconnectionError, OperationalError
@@ -25,6 +26,11 @@ _STANDARD = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"me
 
 # the password of a URL's userinfo; the user name stays (it says which account)
 _URL_PASSWORD = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^/\s:@]*):[^/\s@]*@")
+
+
+def first_few(names: Sequence[str], n: int = 3) -> str:
+    """The first `n` names for a message, then `...` when there are more."""
+    return ", ".join(names[:n]) + (", ..." if len(names) > n else "")
 
 
 def mask_url_passwords(text: str) -> str:

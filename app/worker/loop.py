@@ -39,7 +39,7 @@ from app.engine.cluster import Cluster
 from app.engine.cross_connects import CrossConnect
 from app.engine.job import JobState
 from app.engine.job_lease import expired_leases
-from app.logs import log_pass_failure
+from app.logs import first_few, log_pass_failure
 from app.settings import Settings
 from app.store import PlacedCache, Store
 from app.store.fencing import Fenced
@@ -90,10 +90,10 @@ def wrong_cluster_file(
     ports = {o.id: o.ports for o in cluster.oxcs}
     stray = {cc.oxc_id for cc in desired if max(cc.port_a, cc.port_b) >= ports.get(cc.oxc_id, 0)}
     if stray:
-        shown = ", ".join(sorted(stray)[:3]) + (", ..." if len(stray) > 3 else "")
         return (
             f"the cluster file ({cluster.name}) lacks switches or ports the stored plan "
-            f"holds circuits on ({shown}): is LIGHTPATH_CLUSTER (or --cluster) the right one?"
+            f"holds circuits on ({first_few(sorted(stray))}): "
+            "is LIGHTPATH_CLUSTER (or --cluster) the right one?"
         )
     orphans = orphaned_jobs(cluster, holders)
     if len(orphans) < 2 or len(orphans) != len(holders):
@@ -191,7 +191,7 @@ class Worker:
         for job_id, servers in sorted(orphans.items()):
             reason = (
                 f"{CLUSTER_CHANGED}: {len(servers)} of its servers are not in the cluster "
-                f"({', '.join(servers[:3])}{', ...' if len(servers) > 3 else ''})"
+                f"({first_few(servers)})"
             )
             record = self.store.end_job(
                 job_id, JobState.FAILED, from_states=(JobState.PLACED,), reason=reason

@@ -12,6 +12,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.concurrency import run_in_threadpool
 
 from app.engine.cluster import Cluster
+from app.logs import first_few
 from app.store import DatabaseNotReady
 
 from ..deps import ServicesDep
@@ -61,10 +62,9 @@ def switches_ready(southbound: Any, cluster: Cluster) -> None:
     hosted = set(southbound.list_oxcs())
     missing = [o.id for o in cluster.oxcs if o.id not in hosted]
     if missing:
-        shown = ", ".join(missing[:3]) + (", ..." if len(missing) > 3 else "")
         raise NotReady(
             f"the switches do not host {len(missing)} of the cluster's {len(cluster.oxcs)} "
-            f"OXCs ({shown})"
+            f"OXCs ({first_few(missing)})"
         )
 
 
